@@ -36,6 +36,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+def rope_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
+    """inv_freq [Dh/2], positions [B, T] -> cos, sin [B, 1, T, Dh] in ``dtype``."""
+    freqs = positions[..., None].float() * inv_freq  # [B, T, Dh/2]
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -152,10 +159,7 @@ class NativeLlama(nn.Module, TargetModel):
         return self.lm_head_proj(hidden)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [B, T] -> cos, sin [B, 1, T, Dh] in the model dtype."""
-        freqs = positions[..., None].float() * self.inv_freq  # [B, T, Dh/2]
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None]
-        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        return rope_tables(self.inv_freq, positions, self.dtype)
 
     @torch.inference_mode()
     def forward(self, tokens, positions, cache, start, mask=None, taps=(), logits_idx=None, kv_len=None):

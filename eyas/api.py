@@ -1,0 +1,168 @@
+"""Public Python API: load a target and a drafter, then generate or stream.
+
+    import eyas
+    spec = eyas.load(drafter="ngram")                      # embedded default model
+    out = spec.generate("Write a haiku about rain.", max_new_tokens=64)
+    print(out.text, out.mean_accepted, out.tokens_per_second)
+    for piece in spec.stream([{"role": "user", "content": "Hi!"}]):
+        print(piece, end="", flush=True)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from eyas.decode import DecodeConfig, SpecDecoder, StepEvent
+from eyas.drafters.loading import DrafterSpec, build_drafter
+from eyas.models.loading import LoadedTarget, load_target
+from eyas.types import SamplingParams
+from eyas.verify import TypicalConfig
+
+Prompt = str | list[dict]
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]  # generated ids only
+    prompt_tokens: int
+    steps: int  # target forwards after prefill
+    drafted: int
+    accepted: int
+    seconds: float  # prefill + decode wall time
+    accepted_per_pos: list[int] = field(default_factory=list)
+    # per emitted token: True if it was drafted and accepted, False if the target produced it
+    from_draft: list[bool] = field(default_factory=list)
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def mean_accepted(self) -> float:
+        """Tokens per target step after prefill, tau = 1 + accepted / steps (vLLM's definition)."""
+        return 1.0 + self.accepted / self.steps if self.steps else 1.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "text": self.text, "token_ids": self.token_ids, "new_tokens": self.new_tokens,
+            "prompt_tokens": self.prompt_tokens, "steps": self.steps, "drafted": self.drafted,
+            "accepted": self.accepted, "mean_accepted": round(self.mean_accepted, 4),
+            "tokens_per_second": round(self.tokens_per_second, 3), "seconds": round(self.seconds, 4),
+            "accepted_per_pos": self.accepted_per_pos,
+        }
+
+
+class Speculator:
+    """A loaded target + drafter pair."""
+
+    def __init__(self, target: LoadedTarget, drafter_spec: DrafterSpec, exact: bool = False) -> None:
+        self.target = target
+        self.tokenizer = target.tokenizer
+        self.drafter_spec = drafter_spec
+        self.drafter = build_drafter(drafter_spec, target)
+        self.exact = exact
+
+    def encode(self, prompt: Prompt, chat: bool = True) -> torch.Tensor:
+        """Prompt text or chat messages -> [T] long ids (chat template applied when there is one)."""
+        tok = self.tokenizer
+        if isinstance(prompt, str) and not (chat and tok.chat_template):
+            return torch.tensor(tok(prompt)["input_ids"], dtype=torch.long)
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        if not messages:
+            raise ValueError("messages must not be empty")
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return torch.tensor(ids, dtype=torch.long)
+
+    def stop_ids(self) -> tuple[int, ...]:
+        ids = set()
+        for src in (self.tokenizer.eos_token_id, getattr(self.target.model, "eos_ids", None)):
+            if isinstance(src, int):
+                ids.add(src)
+            elif src:
+                ids.update(src)
+        for name in ("<|im_end|>", "<|eot_id|>", "<|end|>"):
+            tid = self.tokenizer.convert_tokens_to_ids(name)
+            if isinstance(tid, int) and tid != self.tokenizer.unk_token_id:
+                ids.add(tid)
+        return tuple(sorted(ids))
+
+    def decoder(self, speculate: bool = True, typical: TypicalConfig | None = None, **params) -> SpecDecoder:
+        sampling = SamplingParams(
+            temperature=params.pop("temperature", 0.0) or 0.0,
+            top_k=params.pop("top_k", 0) or 0,
+            top_p=params.pop("top_p", 1.0) or 1.0,
+        )
+        cfg = DecodeConfig(sampling=sampling, stop_ids=self.stop_ids(), typical=typical, exact=self.exact, **params)
+        return SpecDecoder(self.target.model, self.drafter if speculate else None, cfg)
+
+    def events(self, prompt: Prompt, chat: bool = True, speculate: bool = True, **params):
+        """Yield (decoder, prompt_ids) then StepEvents; the lowest-level streaming API."""
+        ids = self.encode(prompt, chat)
+        dec = self.decoder(speculate=speculate, **params)
+        return dec, ids, dec.generate(ids)
+
+    def generate(self, prompt: Prompt, chat: bool = True, speculate: bool = True, **params) -> GenerationResult:
+        """Generate a completion. params: max_new_tokens, temperature, top_p, top_k, seed, typical."""
+        dec, ids, events = self.events(prompt, chat, speculate, **params)
+        t0 = time.perf_counter()
+        new, flags = [], []
+        for ev in events:
+            new += ev.tokens.tolist()
+            flags += _flags(ev)
+        seconds = time.perf_counter() - t0
+        s = dec.stats
+        return GenerationResult(
+            text=self.tokenizer.decode(new, skip_special_tokens=True), token_ids=new,
+            prompt_tokens=int(ids.shape[0]), steps=s.steps, drafted=s.drafted, accepted=s.accepted,
+            seconds=seconds, accepted_per_pos=list(s.accepted_per_pos), from_draft=flags,
+        )
+
+    def stream(self, prompt: Prompt, chat: bool = True, speculate: bool = True, **params) -> Iterator[str]:
+        """Yield text pieces as tokens are accepted."""
+        for piece, _ in self.stream_events(prompt, chat, speculate, **params):
+            if piece:
+                yield piece
+
+    def stream_events(self, prompt: Prompt, chat: bool = True, speculate: bool = True, **params):
+        """Yield (text_delta, StepEvent) per step; text is decoded incrementally."""
+        _, _, events = self.events(prompt, chat, speculate, **params)
+        new: list[int] = []
+        shown = ""
+        for ev in events:
+            new += ev.tokens.tolist()
+            text = self.tokenizer.decode(new, skip_special_tokens=True)
+            if text.endswith("\ufffd") and not ev.finished:  # wait for the rest of a UTF-8 sequence
+                yield "", ev
+                continue
+            yield text[len(shown):], ev
+            shown = text
+
+
+def _flags(ev: StepEvent) -> list[bool]:
+    n = ev.tokens.shape[0]
+    return [i < ev.num_accepted for i in range(n)]
+
+
+def load(
+    model: str | None = None,
+    drafter: str = "default",
+    dtype: str = "float32",
+    backend: str = "native",
+    tree: str | None = None,
+    exact: bool = False,
+    **drafter_options,
+) -> Speculator:
+    """Load a target (embedded default when ``model`` is None) and a drafter by name or path."""
+    target = load_target(model, dtype, backend)
+    return Speculator(target, DrafterSpec(drafter, tree=tree, options=drafter_options), exact=exact)

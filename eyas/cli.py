@@ -1,0 +1,143 @@
+"""eyas command line: generate and bench.
+
+    eyas generate "PROMPT" [--model M] [--drafter none|ngram|PATH] [--tree ...] [--json]
+    eyas bench speed --questions FILE [--limit K] [--drafter ...] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from eyas.verify import LOSSY_NOTE
+
+TREE_HELP = (
+    "draft tree: 'dynamic' (EAGLE-2; sizes via --top-k/--depth/--total-tokens), "
+    "'static[:PRESET|CHOICES]' (EAGLE-1/Medusa choices list, e.g. static:mc_sim_7b_63 or "
+    "'static:[[0],[1],[0,0]]'), or 'chain[:K]'"
+)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="HF model dir, .gguf file or hub id (default: embedded SmolLM2)")
+    p.add_argument("--drafter", default="default",
+                   help="none (plain decoding), ngram, draft, eagle, or a path to an EAGLE head / draft LM dir")
+    p.add_argument("--tree", default=None, help=TREE_HELP)
+    p.add_argument("--top-k", type=int, default=None, help="dynamic tree: children per expanded node")
+    p.add_argument("--depth", type=int, default=None, help="dynamic tree: deepest draft level")
+    p.add_argument("--total-tokens", type=int, default=None, help="dynamic tree: draft tokens kept")
+    p.add_argument("--num-draft", type=int, default=None, help="ngram / draft LM: tokens drafted per step")
+    p.add_argument("--max-ngram", type=int, default=None, help="ngram: longest suffix looked up")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--sample-top-k", type=int, default=0, help="top-k filter of the sampling distribution")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--backend", default="native", choices=["native", "hf"],
+                   help="native (fast Llama-family) or hf (any transformers causal LM, slower)")
+    p.add_argument("--exact", action="store_true",
+                   help="batch-invariant verification: pad every target forward to one width so bf16 "
+                        "output equals plain decoding token for token (costs speed; see docs)")
+    p.add_argument("--typical", action="store_true",
+                   help="Medusa typical acceptance (posterior_threshold/alpha). " + LOSSY_NOTE)
+    p.add_argument("--posterior-threshold", type=float, default=0.09)
+    p.add_argument("--posterior-alpha", type=float, default=0.3)
+    p.add_argument("--raw", action="store_true", help="do not apply the chat template")
+
+
+def _tree_spec(a: argparse.Namespace) -> str | None:
+    if a.tree in (None, "dynamic") and any(v is not None for v in (a.top_k, a.depth, a.total_tokens)):
+        return "dynamic:" + ",".join(str(v) for v in (a.top_k or 8, a.depth or 6, a.total_tokens or 48))
+    return a.tree
+
+
+def _drafter_options(a: argparse.Namespace) -> dict:
+    opts = {}
+    if a.num_draft is not None:
+        opts["num_draft"] = a.num_draft
+    if a.max_ngram is not None:
+        opts["max_ngram"] = a.max_ngram
+    return opts
+
+
+def _load(a: argparse.Namespace):
+    import eyas
+
+    return eyas.load(model=a.model, drafter=a.drafter, dtype=a.dtype, backend=a.backend,
+                     tree=_tree_spec(a), exact=a.exact, **_drafter_options(a))
+
+
+def gen_params(a: argparse.Namespace) -> dict:
+    from eyas.verify import TypicalConfig
+
+    params = {"max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "top_p": a.top_p,
+              "top_k": a.sample_top_k, "seed": a.seed}
+    if a.typical:
+        params["typical"] = TypicalConfig(a.posterior_threshold, a.posterior_alpha)
+    return params
+
+
+def cmd_generate(a: argparse.Namespace) -> int:
+    spec = _load(a)
+    params = gen_params(a)
+    if a.json:
+        out = spec.generate(a.prompt, chat=not a.raw, **params)
+        print(json.dumps(out.to_dict()))
+        return 0
+    pieces = spec.stream_events(a.prompt, chat=not a.raw, **params)
+    import time
+
+    t0, n = time.perf_counter(), 0
+    for piece, ev in pieces:
+        n += ev.tokens.shape[0]
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    dt = time.perf_counter() - t0
+    print(f"\n[{n} tokens in {dt:.2f}s, {n / dt:.1f} tok/s, drafter={a.drafter}]", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="eyas", description="Lossless speculative decoding.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("generate", help="generate text from a prompt")
+    g.add_argument("prompt")
+    g.add_argument("--json", action="store_true", help="print one JSON object with text, ids and statistics")
+    _common(g)
+    g.set_defaults(func=cmd_generate)
+    b = sub.add_parser("bench", help="benchmarks")
+    bsub = b.add_subparsers(dest="bench", required=True)
+    s = bsub.add_parser("speed", help="Spec-Bench style: plain vs speculative decoding in one process")
+    s.add_argument("--questions", required=True, help="question.jsonl (EAGLE/Spec-Bench format)")
+    s.add_argument("--limit", type=int, default=None)
+    s.add_argument("--json", dest="json_out", default=None, help="write results to this JSON file")
+    s.add_argument("--plot", default=None, help="write a PNG bar chart of per-question speedup")
+    s.add_argument("--compare-hf", action="store_true", help="also time HF generate (plain) in the same run")
+    s.add_argument("--warmup", type=int, default=1, help="untimed warm-up generations")
+    _common(s)
+    from eyas.bench.speed import cmd_speed
+
+    s.set_defaults(func=cmd_speed)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, FileNotFoundError, KeyError) as e:  # user errors: one clear line, no traceback
+        if os.environ.get("EYAS_DEBUG"):
+            raise
+        msg = e.args[0] if e.args else str(e)
+        print(f"eyas: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

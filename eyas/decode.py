@@ -1,0 +1,220 @@
+"""The speculative decoder: prefill, then step = draft -> verify -> commit.
+
+Plain decoding is the same loop with no drafter (every tree is the root alone),
+so plain and speculative outputs go through one code path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+
+from eyas.drafters.base import Drafter, TargetFeatures
+from eyas.models.base import ForwardOutput, TargetModel
+from eyas.tree import make_tree
+from eyas.types import DraftOutput, SamplingParams, StepStats, Tree, VerifyOutput
+from eyas.verify import TypicalConfig, logits_to_probs, sample, verify_greedy, verify_sampling, verify_typical
+
+
+class PromptTooLongError(ValueError):
+    """The prompt plus the requested tokens do not fit the model's context."""
+
+
+@dataclass
+class DecodeConfig:
+    max_new_tokens: int = 128
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    seed: int | None = None
+    stop_ids: tuple[int, ...] = ()
+    # lossy Medusa typical acceptance instead of exact verification (None = lossless)
+    typical: TypicalConfig | None = None
+    # bf16 batch invariance: pad every target forward to the same width and key
+    # length so a token's logits do not depend on how many tokens share its forward
+    exact: bool = False
+    prefill_chunk: int = 512
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass
+class StepEvent:
+    """Tokens emitted by one decoder step (prefill emits the first token)."""
+
+    # [A + 1] long new tokens (truncated at a stop token or the token budget)
+    tokens: torch.Tensor
+    # how many of them were drafted and accepted (the rest came from the target alone)
+    num_accepted: int
+    finished: bool
+
+
+@dataclass
+class _Seq:
+    history: torch.Tensor  # [n] long, all tokens, the last one (root) not yet in the cache
+    cache: object
+    cached: int  # slots holding committed tokens
+    emitted: int = 0
+    finished: bool = False
+
+
+Verifier = Callable[[DraftOutput, torch.Tensor, torch.Generator | None], VerifyOutput]
+
+
+def make_verifier(cfg: DecodeConfig) -> Verifier:
+    """Pick the verification rule once, so step() has no mode branches."""
+    sp = cfg.sampling
+    if cfg.typical is not None:
+        return lambda d, logits, g: verify_typical(d.tree, logits, sp.temperature, cfg.typical)
+    if sp.greedy:
+        return lambda d, logits, g: verify_greedy(d.tree, logits)
+    return lambda d, logits, g: verify_sampling(d, logits_to_probs(logits, sp), g)
+
+
+class SpecDecoder:
+    """Generates with a target and an optional drafter (batch size 1)."""
+
+    def __init__(self, target: TargetModel, drafter: Drafter | None, cfg: DecodeConfig) -> None:
+        self.target, self.drafter, self.cfg = target, drafter, cfg
+        self.verifier = make_verifier(cfg)
+        self.width = drafter.max_nodes if drafter is not None else 1
+        self.taps = drafter.taps if drafter is not None else ()
+        self.stats = StepStats()
+        self.generator = None
+        if cfg.seed is not None:
+            self.generator = torch.Generator(device=target.device).manual_seed(cfg.seed)
+
+    # ---- the loop -------------------------------------------------------------------------
+    def generate(self, prompt: torch.Tensor) -> Iterator[StepEvent]:
+        """prompt: [T] long. Yields the new tokens of every step until a stop."""
+        seq = self.prefill(prompt)
+        first = seq.history[-1:]
+        yield self._emit(seq, first, 0)
+        while not self._done(seq):
+            ver = self.step(seq)
+            yield self._emit(seq, ver.tokens, ver.num_accepted)
+
+    def step(self, seq: _Seq) -> VerifyOutput:
+        draft = self.draft(seq)
+        out = self.verify_forward(seq, draft.tree)
+        ver = self.verifier(draft, out.logits[0], self.generator)
+        self.commit(seq, draft.tree, ver, out)
+        self.stats.record(draft.tree.num_nodes - 1, ver.num_accepted)
+        return ver
+
+    # ---- the three verbs ------------------------------------------------------------------
+    def draft(self, seq: _Seq) -> DraftOutput:
+        if self.drafter is None:
+            root = seq.history[-1:]
+            return DraftOutput(tree=make_tree(root, torch.full_like(root, -1)))
+        return self.drafter.propose(seq.history, self.cfg.sampling, self.generator)
+
+    def verify_forward(self, seq: _Seq, tree: Tree) -> ForwardOutput:
+        """One target forward over the tree nodes at slots after the cached prefix."""
+        n, start = tree.num_nodes, seq.cached
+        mask = torch.ones(n, start + n, dtype=torch.bool, device=tree.mask.device)
+        mask[:, start:] = tree.mask
+        return self._forward(tree.tokens, start + tree.depth, seq.cache, start, mask)
+
+    def commit(self, seq: _Seq, tree: Tree, ver: VerifyOutput, out: ForwardOutput) -> None:
+        """Move accepted KV entries into place, extend history, feed the drafter."""
+        self.target.commit(seq.cache, seq.cached, ver.path)
+        seq.cached += ver.path.shape[0]
+        seq.history = torch.cat([seq.history, ver.tokens])
+        if self.drafter is not None:
+            self.drafter.extend(ver.tokens, _features(out, ver.path))
+
+    # ---- prefill and helpers ---------------------------------------------------------------
+    def prefill(self, prompt: torch.Tensor) -> _Seq:
+        t = prompt.shape[0]
+        budget = t + self.cfg.max_new_tokens + self.width + 1
+        limit = self.target.config.max_position_embeddings
+        if t + self.cfg.max_new_tokens > limit:
+            raise PromptTooLongError(
+                f"prompt of {t} tokens + max_new_tokens {self.cfg.max_new_tokens} exceeds the model's "
+                f"context of {limit} tokens; shorten the prompt or lower max_new_tokens"
+            )
+        self.stats = StepStats()
+        cache = self.target.new_cache(1, budget)
+        self.kv_len = budget if self.cfg.exact else None
+        outs = []
+        for s in range(0, t, self.cfg.prefill_chunk):
+            chunk = prompt[s : s + self.cfg.prefill_chunk]
+            pos = torch.arange(s, s + chunk.shape[0], device=prompt.device)
+            outs.append(self._forward(chunk, pos, cache, s, None, prefill=True))
+        first = self._sample_first(outs[-1].logits[0, -1])
+        if self.drafter is not None:
+            self.drafter.start(budget)
+            feats = _cat_features(outs)
+            self.drafter.extend(torch.cat([prompt[1:], first]), feats)
+        return _Seq(history=torch.cat([prompt, first]), cache=cache, cached=t)
+
+    def _forward(self, tokens, positions, cache, start, mask, prefill=False) -> ForwardOutput:
+        """tokens, positions: [T]; mask: [T, S] or None (causal). Adds the batch dim."""
+        t = tokens.shape[0]
+        if self.cfg.exact and not prefill and t < self.width:
+            tokens, positions, mask = _pad_to_width(tokens, positions, mask, start, self.width)
+        if self.cfg.exact:
+            kv_len = self.kv_len
+            if mask is None:
+                mask = torch.arange(kv_len)[None, :] <= (torch.arange(tokens.shape[0]) + start)[:, None]
+            else:
+                mask = torch.nn.functional.pad(mask, (0, kv_len - mask.shape[1]))
+        else:
+            kv_len = None
+        out = self.target.forward(
+            tokens[None], positions[None], cache, start, None if mask is None else mask[None], self.taps,
+            logits_idx=torch.tensor([t - 1]) if prefill else None, kv_len=kv_len,
+        )
+        if out.hidden.shape[1] != t and not prefill:
+            out = ForwardOutput(out.logits[:, :t], out.hidden[:, :t], {k: v[:, :t] for k, v in out.taps.items()})
+        return out
+
+    def _sample_first(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [V] -> [1] long, the first generated token."""
+        sp = self.cfg.sampling
+        if sp.greedy:
+            return logits.argmax(-1, keepdim=True)
+        return sample(logits_to_probs(logits, sp), self.generator).reshape(1)
+
+    def _emit(self, seq: _Seq, tokens: torch.Tensor, num_accepted: int) -> StepEvent:
+        left = self.cfg.max_new_tokens - seq.emitted
+        tokens = tokens[:left]
+        stops = [i for i, tok in enumerate(tokens.tolist()) if tok in self.cfg.stop_ids]
+        hit_stop = bool(stops)
+        if hit_stop:
+            tokens = tokens[: stops[0] + 1]
+        seq.emitted += tokens.shape[0]
+        seq.finished = hit_stop or seq.emitted >= self.cfg.max_new_tokens
+        return StepEvent(tokens=tokens, num_accepted=min(num_accepted, tokens.shape[0]), finished=seq.finished)
+
+    @staticmethod
+    def _done(seq: _Seq) -> bool:
+        return seq.finished
+
+
+def _features(out: ForwardOutput, rows: torch.Tensor) -> TargetFeatures:
+    return TargetFeatures(hidden=out.hidden[0, rows], taps={k: v[0, rows] for k, v in out.taps.items()})
+
+
+def _cat_features(outs: list[ForwardOutput]) -> TargetFeatures:
+    hidden = torch.cat([o.hidden[0] for o in outs])
+    taps = {k: torch.cat([o.taps[k][0] for o in outs]) for k in outs[0].taps}
+    return TargetFeatures(hidden=hidden, taps=taps)
+
+
+def _pad_to_width(tokens, positions, mask, start, width):
+    """Pad T rows to ``width`` dummy rows that attend only slot 0 (finite, never read)."""
+    t = tokens.shape[0]
+    pad = width - t
+    tokens = torch.cat([tokens, tokens.new_zeros(pad)])
+    positions = torch.cat([positions, positions[-1:].expand(pad)])
+    s = start + width
+    full = torch.zeros(width, s, dtype=torch.bool)
+    full[:, 0] = True
+    if mask is None:
+        mask = torch.arange(start + t)[None, :] <= (torch.arange(t) + start)[:, None]
+    full[:t, : mask.shape[1]] = mask
+    return tokens, positions, full

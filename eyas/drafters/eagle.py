@@ -1,0 +1,190 @@
+"""EAGLE drafting heads (Li et al. 2024): one decoder layer that predicts the
+target's next feature from [token embedding, current feature].
+
+EAGLE-1 reference layout (SafeAILab/EAGLE ``cnets.py``): ``fc`` maps 2D -> D
+(bias per config ``bias``), ``layers.0`` is a Llama decoder layer whose input
+norm is skipped, optional ``embed_tokens.weight``; logits come from the target's
+``lm_head``. The head's own KV cache uses slot = target position of the feature.
+EAGLE-3 (fused multi-layer features, reduced draft vocabulary) plugs in through
+``taps``, ``fuse`` and ``d2t``; its training and layout arrive with training.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from eyas.drafters.base import Drafter, TargetFeatures, register_drafter
+from eyas.drafters.expansion import Feed, make_expansion
+from eyas.kv.static import KVCache
+from eyas.models.config import ModelConfig
+from eyas.models.native import DecoderLayer, rope_tables
+from eyas.types import DraftOutput, SamplingParams
+
+
+class HeadMismatchError(ValueError):
+    """The head was trained for a different target."""
+
+
+class EagleHead(nn.Module):
+    """fc([embed(token), feature]) -> one decoder layer (no input norm) -> predicted feature."""
+
+    def __init__(self, cfg: ModelConfig, bias: bool = True, with_embedding: bool = False) -> None:
+        super().__init__()
+        self.config = cfg
+        d = cfg.hidden_size
+        self.fc = nn.Linear(2 * d, d, bias=bias)
+        layer = DecoderLayer(cfg)
+        layer.input_layernorm = nn.Identity()  # EAGLE's layer 0 skips its input norm
+        self.layers = nn.ModuleList([layer])
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, d) if with_embedding else None
+        self.register_buffer("inv_freq", cfg.inv_freq(), persistent=False)
+
+    def forward(self, emb, feats, positions, cache: KVCache, start: int, mask) -> torch.Tensor:
+        """emb, feats: [B, T, D]; positions [B, T]; mask [B, T, S] bool or None -> [B, T, D]."""
+        x = self.fc(torch.cat([emb, feats.to(emb.dtype)], dim=-1))
+        rope = rope_tables(self.inv_freq, positions, x.dtype)
+        t = x.shape[1]
+        attn_mask = None if mask is None else mask[:, None]
+        if attn_mask is None and t > 1:
+            from eyas.models.base import causal_mask
+
+            attn_mask = causal_mask(t, start, device=x.device)[None, None]
+        return self.layers[0](x, rope, cache, 0, start, attn_mask, start + t)
+
+
+def head_config_from_json(cfg: dict) -> tuple[ModelConfig, bool]:
+    """EAGLE config.json (a LlamaConfig plus ``bias``) -> (ModelConfig with 1 layer, fc bias)."""
+    c = dict(cfg)
+    c["num_hidden_layers"] = 1
+    c.setdefault("model_type", "llama")
+    if c["model_type"] not in ("llama", "mistral", "qwen2", "qwen3"):
+        c["model_type"] = "llama"
+    return ModelConfig.from_hf(c), bool(cfg.get("bias", True))
+
+
+def _read_head_weights(p: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    st = p / "model.safetensors"
+    if st.exists():
+        return load_file(str(st))
+    b = p / "pytorch_model.bin"
+    if b.exists():
+        return torch.load(b, map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {p}")
+
+
+def looks_like_eagle_dir(p: Path) -> bool:
+    try:
+        keys = _read_head_weights(p).keys()
+    except FileNotFoundError:
+        return False
+    return "fc.weight" in keys and any(k.startswith("layers.0.") for k in keys)
+
+
+def load_eagle_head(p: Path, target_cfg: ModelConfig, dtype: torch.dtype) -> EagleHead:
+    """Load a reference-layout head and check it fits the target."""
+    cfg, bias = head_config_from_json(json.loads((p / "config.json").read_text()))
+    sd = _read_head_weights(p)
+    fc = sd.get("fc.weight")
+    if fc is None:
+        raise HeadMismatchError(f"{p} is not an EAGLE head: no fc.weight")
+    if fc.shape[0] != target_cfg.hidden_size or fc.shape[1] != 2 * target_cfg.hidden_size:
+        raise HeadMismatchError(
+            f"EAGLE head {p} has hidden size {fc.shape[0]} (fc {tuple(fc.shape)}) but the target's hidden "
+            f"size is {target_cfg.hidden_size}: this head was trained for a different target model"
+        )
+    if bias != ("fc.bias" in sd):
+        raise HeadMismatchError(f"EAGLE head {p}: config says bias={bias} but fc.bias is {'missing' if bias else 'present'}")
+    head = EagleHead(cfg, bias=bias, with_embedding="embed_tokens.weight" in sd)
+    missing, unexpected = head.load_state_dict(sd, strict=False)
+    if missing or unexpected:
+        raise HeadMismatchError(f"EAGLE head {p}: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}")
+    return head.to(dtype).eval().requires_grad_(False)
+
+
+@dataclass
+class _HeadState:
+    cache: KVCache
+    n: int  # committed head slots (= target positions with features)
+    root_hidden: torch.Tensor  # [D] head output at the last committed slot
+    root_logp: torch.Tensor  # [V] draft log-probs of the root's children
+
+
+@register_drafter("eagle")
+class EagleDrafter(Drafter):
+    """EAGLE-1/2 drafting with a static (choices) or dynamic (EAGLE-2) tree."""
+
+    def __init__(self, target=None, path: Path | None = None, head: EagleHead | None = None,
+                 tree: str | None = None, target_model=None) -> None:
+        self.target = target_model if target_model is not None else target.model
+        if head is None:
+            if path is None:
+                raise ValueError("the eagle drafter needs a head directory: --drafter PATH")
+            head = load_eagle_head(Path(path), self.target.config, self.target.dtype)
+        self.head = head
+        self.expansion = make_expansion(tree)
+        self.max_nodes = _max_nodes(self.expansion)
+
+    def start(self, max_slots: int) -> None:
+        c = self.head.config
+        cache = KVCache.empty(1, 1, c.num_kv_heads, max_slots + self.expansion.max_fed + 1, c.head_dim,
+                              self.target.dtype, self.target.device)
+        self.state = _HeadState(cache=cache, n=0, root_hidden=None, root_logp=None)
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        emb = self.head.embed_tokens if self.head.embed_tokens is not None else self.target.embed
+        return emb(tokens)
+
+    def _logp(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(self.target.lm_head(h).float(), dim=-1)
+
+    @torch.inference_mode()
+    def extend(self, tokens: torch.Tensor, feats: TargetFeatures) -> None:
+        s = self.state
+        m = tokens.shape[0]
+        pos = torch.arange(s.n, s.n + m)[None]
+        h = self.head(self._embed(tokens[None]), feats.hidden[None], pos, s.cache, s.n, None)[0]
+        s.n += m
+        s.root_hidden = h[-1]
+        s.root_logp = self._logp(h[-1])
+
+    @torch.inference_mode()
+    def propose(self, history: torch.Tensor, sampling: SamplingParams, generator=None) -> DraftOutput:
+        s = self.state
+        feed = self.expansion.start(history[-1], s.root_logp)
+        parent_h = s.root_hidden[None]  # [1, D]
+        fed = 0
+        while feed is not None:
+            h = self._run_feed(feed, parent_h, fed)
+            fed += feed.tokens.shape[0]
+            parent_h = h
+            feed = self.expansion.grow(self._logp(h))
+        return DraftOutput(tree=self.expansion.finish())
+
+    def _run_feed(self, feed: Feed, parent_h: torch.Tensor, fed: int) -> torch.Tensor:
+        """Run the head on one tree level; returns its outputs [F, D]."""
+        s = self.state
+        f = feed.tokens.shape[0]
+        mask = torch.cat([torch.ones(f, s.n, dtype=torch.bool), feed.mask], dim=1)
+        pos = torch.full((1, f), s.n - 1 + feed.depth)
+        feats = parent_h[feed.parent_rows][None]
+        return self.head(self._embed(feed.tokens[None]), feats, pos, s.cache, s.n + fed, mask[None])[0]
+
+
+def _max_nodes(expansion) -> int:
+    if hasattr(expansion, "t"):
+        return expansion.t.num_nodes
+    return expansion.cfg.total_tokens + 1
+
+
+def random_head(target_cfg: ModelConfig, seed: int = 0, dtype=torch.float32) -> EagleHead:
+    """An untrained head for a target (tests: a random head must still be lossless)."""
+    torch.manual_seed(seed)
+    cfg = ModelConfig(**{**target_cfg.__dict__, "num_layers": 1})
+    return EagleHead(cfg).to(dtype).eval().requires_grad_(False)

@@ -1,0 +1,119 @@
+"""How a head-style drafter grows its tree, level by level: static or dynamic.
+
+Both policies speak one protocol, so the drafter's loop does not branch on the
+tree kind::
+
+    feed = policy.start(root, logp_root [V])     # Feed | None
+    while feed is not None:                      # run the head on feed.tokens
+        feed = policy.grow(logp [F, V])          # next level, or None when done
+    tree = policy.finish()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from eyas.tree import DynamicTreeBuilder, DynamicTreeConfig, StaticTree
+from eyas.types import Tree
+
+
+@dataclass
+class Feed:
+    """Nodes the head runs next (F of them, all at one depth)."""
+
+    # [F] long, token of each node (target ids)
+    tokens: torch.Tensor
+    # [F] long, row of the previous feed's output that is each node's parent (root: row 0)
+    parent_rows: torch.Tensor
+    # [F, fed + F] bool, visibility over all nodes fed so far (this feed last)
+    mask: torch.Tensor
+    depth: int
+
+
+class StaticExpansion:
+    """EAGLE-1 / Medusa static tree: children are fixed top-k ranks of each node."""
+
+    def __init__(self, template: StaticTree) -> None:
+        self.t = template
+        depth = template.depth
+        self.max_depth = int(depth.max())
+        has_children = template.children[:, 0] >= 0
+        # nodes fed at each depth d >= 1 are the nodes of depth d that have children
+        self.feeds = [((depth == d) & has_children).nonzero().flatten() for d in range(self.max_depth + 1)]
+        self.fed_order = torch.cat(self.feeds[1:]) if self.max_depth > 1 else torch.empty(0, dtype=torch.long)
+        self.levels = [(depth == d).nonzero().flatten() for d in range(self.max_depth + 1)]
+        self.max_fed = int(self.fed_order.shape[0])
+
+    def start(self, root: torch.Tensor, logp: torch.Tensor) -> Feed | None:
+        self.tokens = torch.zeros(self.t.num_nodes, dtype=torch.long)
+        self.tokens[0] = root
+        self.d = 0
+        self.nfed = 0
+        return self.grow(logp[None])
+
+    def grow(self, logp: torch.Tensor) -> Feed | None:
+        """logp: [F, V] at the nodes of the last feed (depth d). Fills depth d + 1."""
+        d = self.d
+        parents_fed = self.feeds[d] if d > 0 else torch.zeros(1, dtype=torch.long)
+        kids = self.levels[d + 1]
+        row_of = torch.full((self.t.num_nodes,), -1, dtype=torch.long)
+        row_of[parents_fed] = torch.arange(parents_fed.shape[0])
+        top = logp.topk(self.t.topk_per_depth[d], dim=-1).indices  # [F, k]
+        self.tokens[kids] = top[row_of[self.t.parents[kids]], self.t.ranks[kids]]
+        self.d = d + 1
+        if self.d >= self.max_depth or self.feeds[self.d].numel() == 0:
+            return None
+        nodes = self.feeds[self.d]
+        prev = self.feeds[d] if d > 0 else torch.zeros(1, dtype=torch.long)
+        prow = torch.full((self.t.num_nodes,), 0, dtype=torch.long)
+        prow[prev] = torch.arange(prev.shape[0])
+        self.nfed += nodes.shape[0]
+        mask = self.t.mask[nodes][:, self.fed_order[: self.nfed]]
+        return Feed(tokens=self.tokens[nodes], parent_rows=prow[self.t.parents[nodes]], mask=mask, depth=self.d)
+
+    def finish(self) -> Tree:
+        return self.t.with_tokens(self.tokens)
+
+
+class DynamicExpansion:
+    """EAGLE-2: expand the best frontier by cumulative log-prob, then rerank."""
+
+    def __init__(self, cfg: DynamicTreeConfig) -> None:
+        self.cfg = cfg
+        self.builder = DynamicTreeBuilder(cfg)
+        self.max_fed = cfg.top_k * (cfg.depth - 1)
+
+    def _feed(self, f) -> Feed | None:
+        if f.depth >= self.cfg.depth:
+            return None
+        return Feed(tokens=f.tokens, parent_rows=f.parent_rows, mask=f.mask, depth=f.depth)
+
+    def start(self, root: torch.Tensor, logp: torch.Tensor) -> Feed | None:
+        top = logp.topk(self.cfg.top_k)
+        return self._feed(self.builder.start(root, top.values, top.indices))
+
+    def grow(self, logp: torch.Tensor) -> Feed | None:
+        top = logp.topk(self.cfg.top_k, dim=-1)
+        return self._feed(self.builder.expand(top.values, top.indices))
+
+    def finish(self) -> Tree:
+        return self.builder.finish().tree
+
+
+def make_expansion(tree: str | None, default: str = "dynamic"):
+    """Parse --tree: 'dynamic[:top_k,depth,total]' or 'static[:PRESET or choices]' or 'chain[:K]'."""
+    from eyas.tree import parse_choices, static_tree
+
+    spec = tree or default
+    kind, _, arg = spec.partition(":")
+    if kind == "dynamic":
+        nums = [int(x) for x in arg.split(",")] if arg else []
+        return DynamicExpansion(DynamicTreeConfig(*nums))
+    if kind == "static":
+        return StaticExpansion(static_tree(parse_choices(arg or "eagle_small")))
+    if kind == "chain":
+        k = int(arg or 5)
+        return StaticExpansion(static_tree([[0] * i for i in range(1, k + 1)]))
+    raise ValueError(f"unknown tree {spec!r}; use dynamic, static[:PRESET|CHOICES] or chain[:K]")

