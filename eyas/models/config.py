@@ -58,6 +58,13 @@ class ModelConfig:
                 f"native model does not support model_type {model_type!r} "
                 f"(supported: {', '.join(sorted(_ARCH_FLAGS))}); use --backend hf"
             )
+        use_window = cfg.get("use_sliding_window", model_type == "mistral")
+        window = cfg.get("sliding_window") if use_window else None
+        if window is not None and window < cfg.get("max_position_embeddings", 4096):
+            raise ValueError(
+                f"native model does not implement sliding-window attention (sliding_window={window}); "
+                "use --backend hf"
+            )
         rope = dict(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})
         theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
         bias = bool(cfg.get("attention_bias", False))

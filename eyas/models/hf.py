@@ -43,7 +43,11 @@ from eyas.models.config import ModelConfig
 
 @dataclass
 class HFCache:
-    """What every slot holds; stands in for a KV cache (see module docstring)."""
+    """What every slot holds; stands in for a KV cache (see module docstring).
+
+    ``seen`` costs B * S * S bytes (16 MiB per row at S = 4096). It is what makes
+    masks other than plain causal (trees, left padding) reproduce exactly.
+    """
 
     # [B, S] long, token written at each slot
     tokens: torch.Tensor
@@ -53,7 +57,7 @@ class HFCache:
     seen: torch.Tensor
 
     @classmethod
-    def empty(cls, batch: int, max_slots: int, device: torch.device | str = "cpu") -> "HFCache":
+    def empty(cls, batch: int, max_slots: int, device: torch.device | str = "cpu") -> HFCache:
         z = torch.zeros(batch, max_slots, dtype=torch.long, device=device)
         seen = torch.zeros(batch, max_slots, max_slots, dtype=torch.bool, device=device)
         return cls(z, z.clone(), seen)
@@ -103,8 +107,9 @@ class HFCache:
     def visibility(self, n: int) -> torch.Tensor:
         """[B, n, n] bool: which of slots 0..n each of slots 0..n attends.
 
-        Lower-triangular by construction: a slot never attends a later slot
-        (causal chains and topologically ordered trees both satisfy this).
+        Forced lower-triangular: a slot never attends a later slot. Causal
+        chains and topologically ordered trees satisfy this; it also drops the
+        stale columns ``commit`` and overwritten slots leave behind.
         """
         tril = torch.ones(n, n, dtype=torch.bool, device=self.seen.device).tril()
         return self.seen[:, :n, :n] & tril
@@ -122,7 +127,7 @@ class HFTarget(TargetModel):
         self._has_logits_to_keep = "logits_to_keep" in params
 
     @classmethod
-    def from_dir(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> "HFTarget":
+    def from_dir(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> HFTarget:
         from transformers import AutoModelForCausalLM
 
         try:
@@ -159,7 +164,9 @@ class HFTarget(TargetModel):
         n = start + t
         if mask is None:
             mask = causal_mask(t, start, None, tokens.device).expand(b, t, n)
-        assert mask.shape[:2] == (b, t) and mask.shape[2] >= n, f"mask {tuple(mask.shape)} != [{b}, {t}, >={n}]"
+        assert mask.shape[:2] == (b, t) and mask.shape[2] >= n, (
+            f"mask {tuple(mask.shape)} != [{b}, {t}, >={n}]"
+        )
         bad = [i for i in taps if not 0 <= i < self.config.num_layers]
         if bad:
             raise ValueError(f"taps {bad} out of range: layers are 0..{self.config.num_layers - 1}")
@@ -205,7 +212,10 @@ class HFTarget(TargetModel):
             return _additive(windowed, self.dtype)
         if "sliding_attention" not in types:  # window configured but unused (Qwen2 default)
             return _additive(vis, self.dtype)
-        masks = {"full_attention": _additive(vis, self.dtype), "sliding_attention": _additive(windowed, self.dtype)}
+        masks = {
+            "full_attention": _additive(vis, self.dtype),
+            "sliding_attention": _additive(windowed, self.dtype),
+        }
         return {k: v for k, v in masks.items() if k in types}
 
 
@@ -248,4 +258,3 @@ def _model_config(cfg) -> ModelConfig:
         tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
         model_type=d.get("model_type", "unknown"),
     )
-

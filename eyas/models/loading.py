@@ -109,7 +109,11 @@ def gguf_to_dir(gguf: Path) -> Path:
     sd = {k: v.contiguous() for k, v in hf.state_dict().items() if not (cfg.get("tie_word_embeddings") and k == "lm_head.weight")}
     save_file(sd, str(tmp / "model.safetensors"))
     tok.save_pretrained(tmp)
-    tmp.rename(out) if not out.exists() else None
+    if out.exists():  # a stale partial conversion
+        import shutil
+
+        shutil.rmtree(out)
+    tmp.rename(out)
     return out
 
 
@@ -133,13 +137,22 @@ def read_state_dict(d: Path) -> dict[str, torch.Tensor]:
 
 
 def native_from_dir(d: Path, dtype: torch.dtype) -> NativeLlama:
-    cfg = ModelConfig.from_hf(json.loads((d / "config.json").read_text()))
+    try:
+        cfg = ModelConfig.from_hf(json.loads((d / "config.json").read_text()))
+        cfg.inv_freq()
+    except ValueError as e:
+        raise ModelLoadError(f"{d}: {e}") from None
     with torch.device("meta"):
         model = NativeLlama(cfg)
     model = model.to_empty(device="cpu")
-    model.inv_freq = cfg.inv_freq()
     model.load_hf_state_dict(read_state_dict(d))
-    return model.to(dtype).eval().requires_grad_(False)
+    return _finish(model, cfg, dtype)
+
+
+def _finish(model: NativeLlama, cfg: ModelConfig, dtype: torch.dtype) -> NativeLlama:
+    model = model.to(dtype).eval().requires_grad_(False)
+    model.inv_freq = cfg.inv_freq().to(model.device)  # RoPE frequencies stay fp32, as in transformers
+    return model
 
 
 def native_from_hf_model(hf_model, dtype: torch.dtype | None = None) -> NativeLlama:
@@ -147,7 +160,7 @@ def native_from_hf_model(hf_model, dtype: torch.dtype | None = None) -> NativeLl
     cfg = ModelConfig.from_hf(hf_model.config.to_dict())
     model = NativeLlama(cfg)
     model.load_hf_state_dict({k: v.detach().clone() for k, v in hf_model.state_dict().items()})
-    return model.to(dtype or hf_model.dtype).eval()
+    return _finish(model, cfg, dtype or hf_model.dtype)
 
 
 def load_target(spec: str | None = None, dtype="float32", backend: str = "native") -> LoadedTarget:

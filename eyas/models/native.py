@@ -38,7 +38,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def rope_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
     """inv_freq [Dh/2], positions [B, T] -> cos, sin [B, 1, T, Dh] in ``dtype``."""
-    freqs = positions[..., None].float() * inv_freq  # [B, T, Dh/2]
+    freqs = positions[..., None].float() * inv_freq.to(positions.device)  # [B, T, Dh/2]
     emb = torch.cat((freqs, freqs), dim=-1)[:, None]
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
@@ -116,7 +116,8 @@ class NativeLlama(nn.Module, TargetModel):
         self.model = LlamaBody(cfg)
         self.lm_head_proj = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
-        self.register_buffer("inv_freq", cfg.inv_freq(), persistent=False)
+        # a plain attribute, not a buffer: .to(bfloat16) must not round the RoPE frequencies
+        self.inv_freq = cfg.inv_freq()
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:

@@ -49,7 +49,8 @@ def verify_sampling(
         draft: the tree and, optionally, the proposal rows ``q`` [N, V].
         target_probs: [N, V] rows summing to 1 (temperature, top-k and top-p
             already applied by ``logits_to_probs``).
-        generator: the only source of randomness; same seed, same output.
+        generator: the only source of randomness, on ``target_probs``' device;
+            same seed, same output.
 
     Returns:
         ``VerifyOutput``: accepted ``path`` [A + 1] and ``tokens`` [A + 1]
@@ -106,8 +107,15 @@ def _try_children(
     return None, p
 
 
-def _proposal(q: torch.Tensor | None, c: int, x: int, p: torch.Tensor) -> torch.Tensor:
-    """[V] float64 proposal row of child c: ``q[c]``, or the point mass on x."""
+def _proposal(
+    # [N, V] or None
+    q: torch.Tensor | None,
+    c: int,
+    x: int,
+    # [V] float64, only read for its shape, dtype and device
+    p: torch.Tensor,
+) -> torch.Tensor:
+    """[V] float64 proposal row of child c: ``q[c]``, or the point mass on its token x."""
     if q is not None:
         return q[c].double()
     q_c = torch.zeros_like(p)

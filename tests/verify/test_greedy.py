@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from eyas.tree.build import make_tree
+from eyas.tree import make_tree
 from eyas.types import Tree
 from eyas.verify import verify_greedy
 

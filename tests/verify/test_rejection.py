@@ -21,10 +21,9 @@ from functools import cached_property
 import pytest
 import torch
 
-from eyas.tree.build import make_tree
+from eyas.tree import make_tree
 from eyas.types import DraftOutput, SamplingParams, Tree
-from eyas.verify import logits_to_probs, sample, verify_greedy, verify_sampling
-from eyas.verify import rejection
+from eyas.verify import logits_to_probs, rejection, sample, verify_greedy, verify_sampling
 
 V = 5
 CHAIN = [-1, 0, 1, 2]
@@ -88,7 +87,9 @@ class Scenario:
 SCENARIOS = {
     "chain-q": Scenario(CHAIN, True, ToyLM(1, PROCESSED), ToyLM(1, PLAIN, noise_scale=1.0)),
     "chain-point": Scenario(CHAIN, False, ToyLM(3, PLAIN), ToyLM(3, PLAIN, noise_scale=1.0)),
-    "tree-iid-q": Scenario(TREE, True, ToyLM(5, PROCESSED), ToyLM(5, SamplingParams(1.0, top_k=3), noise_scale=1.0)),
+    "tree-iid-q": Scenario(
+        TREE, True, ToyLM(5, PROCESSED), ToyLM(5, SamplingParams(1.0, top_k=3), noise_scale=1.0)
+    ),
     "tree-topk-point": Scenario(WIDE_TREE, False, ToyLM(7, PROCESSED), ToyLM(7, PLAIN, noise_scale=1.0)),
 }
 
@@ -124,7 +125,9 @@ def target_joint(sc: Scenario) -> torch.Tensor:
 # exact enumeration through an independent reference of the algorithm
 
 
-def _ref_outcomes(sc: Scenario, tokens: tuple[int, ...], node: int, need: int) -> dict[tuple[int, ...], float]:
+def _ref_outcomes(
+    sc: Scenario, tokens: tuple[int, ...], node: int, need: int
+) -> dict[tuple[int, ...], float]:
     """Exact distribution of the next ``need`` emitted tokens from ``node`` on."""
     prefix = sc.prefix(tokens, node)
     p = sc.target(prefix).double().tolist()
@@ -139,7 +142,7 @@ def _ref_outcomes(sc: Scenario, tokens: tuple[int, ...], node: int, need: int) -
             for seq, pr in sub.items():
                 out[(x,) + seq] += stay * accept * pr
         stay *= 1.0 - accept
-        resid = [max(a - b, 0.0) for a, b in zip(p, q)]
+        resid = [max(a - b, 0.0) for a, b in zip(p, q, strict=True)]
         p = [r / sum(resid) for r in resid] if sum(resid) > 0 else p
     for y, py in enumerate(p):
         nxt = [1.0] if need == 1 else sc.target(prefix + (y,)).double().tolist()
@@ -227,7 +230,9 @@ MUTANTS = {
 @pytest.mark.parametrize(
     ("mutant", "name"), [("no-residual", "tree-topk-point"), ("unnormalised-residual", "tree-iid-q")]
 )
-def test_monte_carlo_detects_a_broken_residual(monkeypatch: pytest.MonkeyPatch, mutant: str, name: str) -> None:
+def test_monte_carlo_detects_a_broken_residual(
+    monkeypatch: pytest.MonkeyPatch, mutant: str, name: str
+) -> None:
     """Power check: the same test fails when the residual update is wrong.
 
     (An unnormalised residual only matters for the next sibling's acceptance:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eyas.tree.build import make_tree
+from eyas.tree import make_tree
 from eyas.types import Tree
 from eyas.verify import TypicalConfig, verify_greedy, verify_typical
 from eyas.verify.typical import LOSSY_NOTE

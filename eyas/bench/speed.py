@@ -1,0 +1,163 @@
+"""`eyas bench speed`: Spec-Bench-style speed benchmark.
+
+For each question (first turn, chat template applied) it runs plain decoding
+and the drafter in the same process with the same settings, alternating so
+machine noise hits both alike, and reports tokens/s, speedup, mean accepted
+length (tau) and whether the outputs are identical token for token. With
+``--compare-hf`` it also times Hugging Face ``generate`` (plain greedy) and HF
+prompt lookup on the same weights and dtype in the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+
+@dataclass
+class QuestionResult:
+    question_id: object
+    new_tokens: int
+    plain_tps: float
+    spec_tps: float
+    mean_accepted: float
+    identical: bool
+    agreement: float  # common prefix length / output length (1.0 when identical)
+    hf_tps: float | None = None
+    hf_lookup_tps: float | None = None
+    hf_lookup_identical: bool | None = None
+
+    @property
+    def speedup(self) -> float:
+        return self.spec_tps / self.plain_tps if self.plain_tps else 0.0
+
+
+@dataclass
+class SpeedReport:
+    settings: dict
+    questions: list[QuestionResult] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        q = self.questions
+        tokens = sum(r.new_tokens for r in q)
+        plain_s = sum(r.new_tokens / r.plain_tps for r in q)
+        spec_s = sum(r.new_tokens / r.spec_tps for r in q)
+        out = {
+            "questions": len(q), "new_tokens": tokens,
+            "plain_tokens_per_second": tokens / plain_s, "spec_tokens_per_second": tokens / spec_s,
+            "speedup": plain_s / spec_s,
+            "mean_accepted": sum(r.mean_accepted for r in q) / len(q),
+            "identical": f"{sum(r.identical for r in q)}/{len(q)}",
+            "token_agreement": sum(r.agreement for r in q) / len(q),
+        }
+        if q[0].hf_tps is not None:
+            hf_s = sum(r.new_tokens / r.hf_tps for r in q)
+            lk_s = sum(r.new_tokens / r.hf_lookup_tps for r in q)
+            out.update({"hf_generate_tokens_per_second": tokens / hf_s,
+                        "native_plain_vs_hf_generate": hf_s / plain_s,
+                        "hf_prompt_lookup_tokens_per_second": tokens / lk_s,
+                        "hf_prompt_lookup_identical": f"{sum(bool(r.hf_lookup_identical) for r in q)}/{len(q)}"})
+        return out
+
+    def to_dict(self) -> dict:
+        qs = [{**asdict(r), "speedup": r.speedup} for r in self.questions]
+        return {"settings": self.settings, "summary": self.summary(), "questions": qs}
+
+
+def read_questions(path: str, limit: int | None) -> list[dict]:
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"questions file {path} does not exist")
+    rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    if not rows or "turns" not in rows[0]:
+        raise ValueError(f"{path}: expected EAGLE/Spec-Bench jsonl with a 'turns' list per line")
+    return rows[:limit] if limit else rows
+
+
+def _agreement(a: list[int], b: list[int]) -> float:
+    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return n / max(len(a), len(b), 1)
+
+
+class HFPeer:
+    """HF generate and prompt lookup on the same weights and dtype."""
+
+    def __init__(self, spec) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(spec.target.path, dtype=spec.target.model.dtype).eval()
+        self.eos = list(spec.stop_ids())
+
+    def run(self, ids: torch.Tensor, max_new: int, lookup: bool) -> tuple[list[int], float]:
+        kw = {"prompt_lookup_num_tokens": 8} if lookup else {}
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(ids[None], max_new_tokens=max_new, do_sample=False, eos_token_id=self.eos,
+                                      pad_token_id=self.eos[0], attention_mask=torch.ones_like(ids[None]), **kw)
+        dt = time.perf_counter() - t0
+        return out[0, ids.shape[0]:].tolist(), dt
+
+
+def bench_question(spec, q: dict, params: dict, hf: HFPeer | None) -> QuestionResult:
+    prompt = q["turns"][0]
+    plain = spec.generate(prompt, speculate=False, **params)
+    fast = spec.generate(prompt, **params)
+    res = QuestionResult(
+        question_id=q.get("question_id"), new_tokens=plain.new_tokens,
+        plain_tps=plain.tokens_per_second, spec_tps=fast.new_tokens / fast.seconds,
+        mean_accepted=fast.mean_accepted, identical=plain.token_ids == fast.token_ids,
+        agreement=_agreement(plain.token_ids, fast.token_ids),
+    )
+    if hf is not None:
+        ids = spec.encode(prompt)
+        hf_ids, hf_s = hf.run(ids, params["max_new_tokens"], lookup=False)
+        lk_ids, lk_s = hf.run(ids, params["max_new_tokens"], lookup=True)
+        res.hf_tps, res.hf_lookup_tps = len(hf_ids) / hf_s, len(lk_ids) / lk_s
+        res.hf_lookup_identical = lk_ids == hf_ids
+    return res
+
+
+def run_speed(spec, questions: list[dict], params: dict, compare_hf: bool, warmup: int, settings: dict) -> SpeedReport:
+    hf = HFPeer(spec) if compare_hf else None
+    for q in questions[:warmup]:  # untimed: first-call allocations and kernel selection
+        bench_question(spec, q, {**params, "max_new_tokens": 16}, hf)
+    report = SpeedReport(settings=settings)
+    for q in tqdm(questions, desc="bench speed", unit="q", file=sys.stderr):
+        report.questions.append(bench_question(spec, q, params, hf))
+    return report
+
+
+def print_report(report: SpeedReport) -> None:
+    print(f"{'id':>6} {'tokens':>6} {'plain t/s':>9} {'spec t/s':>9} {'speedup':>7} {'tau':>5} identical")
+    for r in report.questions:
+        print(f"{str(r.question_id):>6} {r.new_tokens:>6} {r.plain_tps:>9.2f} {r.spec_tps:>9.2f} "
+              f"{r.speedup:>7.2f} {r.mean_accepted:>5.2f} {r.identical}")
+    print(json.dumps(report.summary(), indent=2))
+
+
+def cmd_speed(a) -> int:
+    from eyas.cli import _load, gen_params
+
+    torch.manual_seed(0)
+    questions = read_questions(a.questions, a.limit)
+    spec = _load(a)
+    params = gen_params(a)
+    settings = {k: v for k, v in vars(a).items() if k != "func"}
+    settings.update(machine=platform.machine(), threads=torch.get_num_threads(), torch=torch.__version__,
+                    date=time.strftime("%Y-%m-%d"))
+    report = run_speed(spec, questions, params, a.compare_hf, a.warmup, settings)
+    print_report(report)
+    if a.json_out:
+        Path(a.json_out).write_text(json.dumps(report.to_dict(), indent=2))
+    if a.plot:
+        from eyas.bench.plot import plot_speed
+
+        plot_speed(report.to_dict(), a.plot)
+    return 0
