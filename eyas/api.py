@@ -64,12 +64,14 @@ class GenerationResult:
 class Speculator:
     """A loaded target + drafter pair."""
 
-    def __init__(self, target: LoadedTarget, drafter_spec: DrafterSpec, exact: bool = False) -> None:
+    def __init__(self, target: LoadedTarget, drafter_spec: DrafterSpec, exact: bool | None = None) -> None:
         self.target = target
         self.tokenizer = target.tokenizer
         self.drafter_spec = drafter_spec
         self.drafter = build_drafter(drafter_spec, target)
-        self.exact = exact
+        # exact (batch-invariant) verification is on by default below fp32, where a token's
+        # logits otherwise depend on how many tokens share its forward
+        self.exact = exact if exact is not None else target.model.dtype != torch.float32
 
     def encode(self, prompt: Prompt, chat: bool = True) -> torch.Tensor:
         """Prompt text or chat messages -> [T] long ids (chat template applied when there is one)."""
@@ -97,7 +99,8 @@ class Speculator:
                 ids.add(tid)
         return tuple(sorted(ids))
 
-    def decoder(self, speculate: bool = True, typical: TypicalConfig | None = None, **params) -> SpecDecoder:
+    def decoder(self, speculate: bool = True, typical: TypicalConfig | None = None, exact: bool | None = None,
+                **params) -> SpecDecoder:
         sampling = SamplingParams(
             temperature=params.pop("temperature", 0.0) or 0.0,
             top_k=params.pop("top_k", 0) or 0,
@@ -105,7 +108,8 @@ class Speculator:
         )
         # exact mode: plain and speculative runs share one forward width, the drafter's tree size
         width = self.drafter.max_nodes if self.drafter is not None else 1
-        cfg = DecodeConfig(sampling=sampling, stop_ids=self.stop_ids(), typical=typical, exact=self.exact,
+        exact = self.exact if exact is None else exact
+        cfg = DecodeConfig(sampling=sampling, stop_ids=self.stop_ids(), typical=typical, exact=exact,
                            exact_width=width, **params)
         return SpecDecoder(self.target.model, self.drafter if speculate else None, cfg)
 
@@ -163,9 +167,12 @@ def load(
     dtype: str = "float32",
     backend: str = "native",
     tree: str | None = None,
-    exact: bool = False,
+    exact: bool | None = None,
     **drafter_options,
 ) -> Speculator:
-    """Load a target (embedded default when ``model`` is None) and a drafter by name or path."""
+    """Load a target (embedded default when ``model`` is None) and a drafter by name or path.
+
+    ``exact=None`` turns batch-invariant verification on for bfloat16/float16 and off for float32.
+    """
     target = load_target(model, dtype, backend)
     return Speculator(target, DrafterSpec(drafter, tree=tree, options=drafter_options), exact=exact)

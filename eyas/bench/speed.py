@@ -25,11 +25,12 @@ from tqdm import tqdm
 class QuestionResult:
     question_id: object
     new_tokens: int
-    plain_tps: float
+    plain_tps: float  # plain decoding, fastest mode (no exact padding): the speedup baseline
     spec_tps: float
     mean_accepted: float
     identical: bool
     agreement: float  # common prefix length / output length (1.0 when identical)
+    exact_plain_tps: float | None = None  # plain decoding in exact mode (the identity reference)
     hf_tps: float | None = None
     hf_lookup_tps: float | None = None
     hf_lookup_identical: bool | None = None
@@ -57,6 +58,9 @@ class SpeedReport:
             "identical": f"{sum(r.identical for r in q)}/{len(q)}",
             "token_agreement": sum(r.agreement for r in q) / len(q),
         }
+        if q[0].exact_plain_tps is not None:
+            ex_s = sum(r.new_tokens / r.exact_plain_tps for r in q)
+            out.update({"exact_plain_tokens_per_second": tokens / ex_s, "exact_mode_cost": ex_s / plain_s})
         if q[0].hf_tps is not None:
             hf_s = sum(r.new_tokens / r.hf_tps for r in q)
             lk_s = sum(r.new_tokens / r.hf_lookup_tps for r in q)
@@ -106,14 +110,17 @@ class HFPeer:
 
 
 def bench_question(spec, q: dict, params: dict, hf: HFPeer | None) -> QuestionResult:
+    """Plain (fastest mode), plain in exact mode when on, and speculative, back to back."""
     prompt = q["turns"][0]
-    plain = spec.generate(prompt, speculate=False, **params)
+    plain = spec.generate(prompt, speculate=False, exact=False, **params)
+    ref = spec.generate(prompt, speculate=False, **params) if spec.exact else plain
     fast = spec.generate(prompt, **params)
     res = QuestionResult(
         question_id=q.get("question_id"), new_tokens=plain.new_tokens,
         plain_tps=plain.tokens_per_second, spec_tps=fast.new_tokens / fast.seconds,
-        mean_accepted=fast.mean_accepted, identical=plain.token_ids == fast.token_ids,
-        agreement=_agreement(plain.token_ids, fast.token_ids),
+        mean_accepted=fast.mean_accepted, identical=ref.token_ids == fast.token_ids,
+        agreement=_agreement(ref.token_ids, fast.token_ids),
+        exact_plain_tps=ref.tokens_per_second if spec.exact else None,
     )
     if hf is not None:
         ids = spec.encode(prompt)
