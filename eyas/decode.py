@@ -170,14 +170,15 @@ class SpecDecoder:
         if self.cfg.exact:
             kv_len = self.kv_len
             if mask is None:
-                mask = torch.arange(kv_len)[None, :] <= (torch.arange(tokens.shape[0]) + start)[:, None]
+                dev = tokens.device
+                mask = torch.arange(kv_len, device=dev)[None, :] <= (torch.arange(tokens.shape[0], device=dev) + start)[:, None]
             else:
                 mask = torch.nn.functional.pad(mask, (0, kv_len - mask.shape[1]))
         else:
             kv_len = None
         out = self.target.forward(
             tokens[None], positions[None], cache, start, None if mask is None else mask[None], self.taps,
-            logits_idx=torch.tensor([t - 1]) if prefill else None, kv_len=kv_len,
+            logits_idx=torch.tensor([t - 1], device=tokens.device) if prefill else None, kv_len=kv_len,
         )
         if out.hidden.shape[1] != t and not prefill:
             out = ForwardOutput(out.logits[:, :t], out.hidden[:, :t], {k: v[:, :t] for k, v in out.taps.items()})
@@ -223,9 +224,10 @@ def _pad_to_width(tokens, positions, mask, start, width):
     tokens = torch.cat([tokens, tokens.new_zeros(pad)])
     positions = torch.cat([positions, positions[-1:].expand(pad)])
     s = start + width
-    full = torch.zeros(width, s, dtype=torch.bool)
+    dev = tokens.device
+    full = torch.zeros(width, s, dtype=torch.bool, device=dev)
     full[:, 0] = True
     if mask is None:
-        mask = torch.arange(start + t)[None, :] <= (torch.arange(t) + start)[:, None]
+        mask = torch.arange(start + t, device=dev)[None, :] <= (torch.arange(t, device=dev) + start)[:, None]
     full[:t, : mask.shape[1]] = mask
     return tokens, positions, full

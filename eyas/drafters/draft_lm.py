@@ -61,13 +61,14 @@ class DraftLMDrafter(Drafter):
 
     def start(self, max_slots: int) -> None:
         self.cache = self.model.new_cache(1, max_slots + self.cfg.num_draft + 1)
-        self.fed = torch.empty(0, dtype=torch.long)
+        self.fed = torch.empty(0, dtype=torch.long, device=self.model.device)
 
     def _feed(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
         """Feed tokens [T] at slots start..; return logits [V] after the last one."""
-        pos = torch.arange(start, start + tokens.shape[0])
+        dev = tokens.device
+        pos = torch.arange(start, start + tokens.shape[0], device=dev)
         out = self.model.forward(tokens[None], pos[None], self.cache, start, None,
-                                 logits_idx=torch.tensor([tokens.shape[0] - 1]))
+                                 logits_idx=torch.tensor([tokens.shape[0] - 1], device=dev))
         return out.logits[0, -1]
 
     def _pick(self, logits: torch.Tensor, sampling: SamplingParams, gen) -> tuple[torch.Tensor, torch.Tensor | None]:

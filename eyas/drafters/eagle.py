@@ -23,7 +23,7 @@ from eyas.drafters.expansion import Feed, make_expansion
 from eyas.kv.static import KVCache
 from eyas.models.config import ModelConfig
 from eyas.models.native import DecoderLayer, rope_tables
-from eyas.types import DraftOutput, SamplingParams
+from eyas.types import DraftOutput, SamplingParams, Tree
 
 
 class HeadMismatchError(ValueError):
@@ -149,7 +149,7 @@ class EagleDrafter(Drafter):
     def extend(self, tokens: torch.Tensor, feats: TargetFeatures) -> None:
         s = self.state
         m = tokens.shape[0]
-        pos = torch.arange(s.n, s.n + m)[None]
+        pos = torch.arange(s.n, s.n + m, device=tokens.device)[None]
         h = self.head(self._embed(tokens[None]), feats.hidden[None], pos, s.cache, s.n, None)[0]
         s.n += m
         s.root_hidden = h[-1]
@@ -158,7 +158,8 @@ class EagleDrafter(Drafter):
     @torch.inference_mode()
     def propose(self, history: torch.Tensor, sampling: SamplingParams, generator=None) -> DraftOutput:
         s = self.state
-        feed = self.expansion.start(history[-1], s.root_logp)
+        dev = history.device
+        feed = self.expansion.start(history[-1].cpu(), s.root_logp)
         parent_h = s.root_hidden[None]  # [1, D]
         fed = 0
         while feed is not None:
@@ -166,16 +167,17 @@ class EagleDrafter(Drafter):
             fed += feed.tokens.shape[0]
             parent_h = h
             feed = self.expansion.grow(self._logp(h))
-        return DraftOutput(tree=self.expansion.finish())
+        tree = self.expansion.finish()
+        return DraftOutput(tree=Tree(*(getattr(tree, f).to(dev) for f in ("tokens", "parents", "depth", "mask"))))
 
     def _run_feed(self, feed: Feed, parent_h: torch.Tensor, fed: int) -> torch.Tensor:
         """Run the head on one tree level; returns its outputs [F, D]."""
         s = self.state
-        f = feed.tokens.shape[0]
-        mask = torch.cat([torch.ones(f, s.n, dtype=torch.bool), feed.mask], dim=1)
-        pos = torch.full((1, f), s.n - 1 + feed.depth)
-        feats = parent_h[feed.parent_rows][None]
-        return self.head(self._embed(feed.tokens[None]), feats, pos, s.cache, s.n + fed, mask[None])[0]
+        f, dev = feed.tokens.shape[0], parent_h.device
+        mask = torch.cat([torch.ones(f, s.n, dtype=torch.bool, device=dev), feed.mask.to(dev)], dim=1)
+        pos = torch.full((1, f), s.n - 1 + feed.depth, device=dev)
+        feats = parent_h[feed.parent_rows.to(dev)][None]
+        return self.head(self._embed(feed.tokens.to(dev)[None]), feats, pos, s.cache, s.n + fed, mask[None])[0]
 
 
 def _max_nodes(expansion) -> int:

@@ -60,7 +60,7 @@ class StaticExpansion:
         kids = self.levels[d + 1]
         row_of = torch.full((self.t.num_nodes,), -1, dtype=torch.long)
         row_of[parents_fed] = torch.arange(parents_fed.shape[0])
-        top = logp.topk(self.t.topk_per_depth[d], dim=-1).indices  # [F, k]
+        top = logp.topk(self.t.topk_per_depth[d], dim=-1).indices.cpu()  # [F, k]; host sync: tree books live on CPU
         self.tokens[kids] = top[row_of[self.t.parents[kids]], self.t.ranks[kids]]
         self.d = d + 1
         if self.d >= self.max_depth or self.feeds[self.d].numel() == 0:
@@ -91,12 +91,12 @@ class DynamicExpansion:
         return Feed(tokens=f.tokens, parent_rows=f.parent_rows, mask=f.mask, depth=f.depth)
 
     def start(self, root: torch.Tensor, logp: torch.Tensor) -> Feed | None:
-        top = logp.topk(self.cfg.top_k)
-        return self._feed(self.builder.start(root, top.values, top.indices))
+        top = logp.topk(self.cfg.top_k)  # host sync below: tree books live on CPU
+        return self._feed(self.builder.start(root, top.values.cpu(), top.indices.cpu()))
 
     def grow(self, logp: torch.Tensor) -> Feed | None:
         top = logp.topk(self.cfg.top_k, dim=-1)
-        return self._feed(self.builder.expand(top.values, top.indices))
+        return self._feed(self.builder.expand(top.values.cpu(), top.indices.cpu()))
 
     def finish(self) -> Tree:
         return self.builder.finish().tree
