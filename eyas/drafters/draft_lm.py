@@ -66,6 +66,8 @@ class DraftLMDrafter(Drafter):
     def _feed(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
         """Feed tokens [T] at slots start..; return logits [V] after the last one."""
         dev = tokens.device
+        # target ids beyond a smaller (unpadded) draft vocabulary become poorer guesses, never errors
+        tokens = tokens.clamp(max=self.model.config.vocab_size - 1)
         pos = torch.arange(start, start + tokens.shape[0], device=dev)
         out = self.model.forward(tokens[None], pos[None], self.cache, start, None,
                                  logits_idx=torch.tensor([tokens.shape[0] - 1], device=dev))

@@ -81,9 +81,15 @@ def _read_head_weights(p: Path) -> dict[str, torch.Tensor]:
 
 
 def looks_like_eagle_dir(p: Path) -> bool:
-    try:
+    st, b = p / "model.safetensors", p / "pytorch_model.bin"
+    if st.exists():
+        from safetensors import safe_open
+
+        with safe_open(str(st), "pt") as f:  # key names only, no tensor reads
+            keys = set(f.keys())
+    elif b.exists():
         keys = _read_head_weights(p).keys()
-    except FileNotFoundError:
+    else:
         return False
     return "fc.weight" in keys and any(k.startswith("layers.0.") for k in keys)
 
@@ -103,7 +109,10 @@ def load_eagle_head(p: Path, target_cfg: ModelConfig, dtype: torch.dtype) -> Eag
     if bias != ("fc.bias" in sd):
         raise HeadMismatchError(f"EAGLE head {p}: config says bias={bias} but fc.bias is {'missing' if bias else 'present'}")
     head = EagleHead(cfg, bias=bias, with_embedding="embed_tokens.weight" in sd)
-    missing, unexpected = head.load_state_dict(sd, strict=False)
+    try:
+        missing, unexpected = head.load_state_dict(sd, strict=False)
+    except RuntimeError as e:
+        raise HeadMismatchError(f"EAGLE head {p}: config.json does not match the weights: {e}") from None
     if missing or unexpected:
         raise HeadMismatchError(f"EAGLE head {p}: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}")
     return head.to(dtype).eval().requires_grad_(False)

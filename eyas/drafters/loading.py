@@ -53,6 +53,8 @@ def build_drafter(spec: DrafterSpec, target) -> Drafter | None:
 def _from_path(p: Path, spec: DrafterSpec, target) -> Drafter:
     if not p.is_dir() or not (p / "config.json").exists():
         raise DrafterLoadError(f"drafter path {p} must be a directory with config.json and weights")
+    if not any(p.glob("*.safetensors")) and not any(p.glob("pytorch_model*.bin")):
+        raise DrafterLoadError(f"drafter path {p} has no weights: expected model.safetensors or pytorch_model.bin")
     kind = detect_kind(p)
     return get_drafter_factory(kind)(target=target, path=p, tree=spec.tree, **spec.options)
 
