@@ -1,18 +1,18 @@
 """Public Python API: load a target and a drafter, then generate or stream.
 
-    import eyas
-    spec = eyas.load(drafter="ngram")                      # embedded default model
-    out = spec.generate("Write a haiku about rain.", max_new_tokens=64)
-    print(out.text, out.mean_accepted, out.tokens_per_second)
-    for piece in spec.stream([{"role": "user", "content": "Hi!"}]):
-        print(piece, end="", flush=True)
+import eyas
+spec = eyas.load(drafter="ngram")                      # embedded default model
+out = spec.generate("Write a haiku about rain.", max_new_tokens=64)
+print(out.text, out.mean_accepted, out.tokens_per_second)
+for piece in spec.stream([{"role": "user", "content": "Hi!"}]):
+print(piece, end="", flush=True)
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 

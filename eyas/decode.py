@@ -6,8 +6,8 @@ so plain and speculative outputs go through one code path.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import torch
 

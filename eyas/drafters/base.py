@@ -22,8 +22,8 @@ before returning (``DraftOutput`` is always in target ids).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 

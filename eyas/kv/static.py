@@ -33,7 +33,7 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
-    ) -> "KVCache":
+    ) -> KVCache:
         shape = (num_layers, batch, num_kv_heads, max_slots, head_dim)
         return cls(
             torch.zeros(shape, dtype=dtype, device=device),

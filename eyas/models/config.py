@@ -50,7 +50,7 @@ class ModelConfig:
             )
 
     @classmethod
-    def from_hf(cls, cfg: dict) -> "ModelConfig":
+    def from_hf(cls, cfg: dict) -> ModelConfig:
         """Map a transformers config dict onto ModelConfig."""
         model_type = cfg.get("model_type", "llama")
         if model_type not in _ARCH_FLAGS:
