@@ -114,7 +114,7 @@ class Speculator:
         return SpecDecoder(self.target.model, self.drafter if speculate else None, cfg)
 
     def events(self, prompt: Prompt, chat: bool = True, speculate: bool = True, **params):
-        """Yield (decoder, prompt_ids) then StepEvents; the lowest-level streaming API."""
+        """Return (decoder, prompt ids [T], iterator of StepEvents): the lowest-level streaming API."""
         ids = self.encode(prompt, chat)
         dec = self.decoder(speculate=speculate, **params)
         return dec, ids, dec.generate(ids)

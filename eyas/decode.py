@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from eyas.drafters.base import Drafter, TargetFeatures
-from eyas.models.base import ForwardOutput, TargetModel
+from eyas.models.base import ForwardOutput, TargetModel, causal_mask
 from eyas.tree import make_tree
 from eyas.types import DraftOutput, SamplingParams, StepStats, Tree, VerifyOutput
 from eyas.verify import TypicalConfig, logits_to_probs, sample, verify_greedy, verify_sampling, verify_typical
@@ -167,15 +167,9 @@ class SpecDecoder:
         t = tokens.shape[0]
         if self.cfg.exact and not prefill and t < self.width:
             tokens, positions, mask = _pad_to_width(tokens, positions, mask, start, self.width)
-        if self.cfg.exact:
-            kv_len = self.kv_len
-            if mask is None:
-                dev = tokens.device
-                mask = torch.arange(kv_len, device=dev)[None, :] <= (torch.arange(tokens.shape[0], device=dev) + start)[:, None]
-            else:
-                mask = torch.nn.functional.pad(mask, (0, kv_len - mask.shape[1]))
-        else:
-            kv_len = None
+        kv_len = self.kv_len  # None unless exact; the target builds a causal mask when mask is None
+        if kv_len is not None and mask is not None:
+            mask = torch.nn.functional.pad(mask, (0, kv_len - mask.shape[1]))
         out = self.target.forward(
             tokens[None], positions[None], cache, start, None if mask is None else mask[None], self.taps,
             logits_idx=torch.tensor([t - 1], device=tokens.device) if prefill else None, kv_len=kv_len,
@@ -228,6 +222,6 @@ def _pad_to_width(tokens, positions, mask, start, width):
     full = torch.zeros(width, s, dtype=torch.bool, device=dev)
     full[:, 0] = True
     if mask is None:
-        mask = torch.arange(start + t, device=dev)[None, :] <= (torch.arange(t, device=dev) + start)[:, None]
+        mask = causal_mask(t, start, device=dev)
     full[:t, : mask.shape[1]] = mask
     return tokens, positions, full

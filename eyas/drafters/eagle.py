@@ -21,6 +21,7 @@ from torch import nn
 from eyas.drafters.base import Drafter, TargetFeatures, register_drafter
 from eyas.drafters.expansion import Feed, make_expansion
 from eyas.kv.static import KVCache
+from eyas.models.base import causal_mask
 from eyas.models.config import ModelConfig
 from eyas.models.native import DecoderLayer, rope_tables
 from eyas.types import DraftOutput, SamplingParams, Tree
@@ -52,8 +53,6 @@ class EagleHead(nn.Module):
         t = x.shape[1]
         attn_mask = None if mask is None else mask[:, None]
         if attn_mask is None and t > 1:
-            from eyas.models.base import causal_mask
-
             attn_mask = causal_mask(t, start, device=x.device)[None, None]
         return self.layers[0](x, rope, cache, 0, start, attn_mask, start + t)
 
@@ -139,7 +138,7 @@ class EagleDrafter(Drafter):
             head = load_eagle_head(Path(path), self.target.config, self.target.dtype)
         self.head = head
         self.expansion = make_expansion(tree)
-        self.max_nodes = _max_nodes(self.expansion)
+        self.max_nodes = self.expansion.max_nodes
 
     def start(self, max_slots: int) -> None:
         c = self.head.config
@@ -187,12 +186,6 @@ class EagleDrafter(Drafter):
         pos = torch.full((1, f), s.n - 1 + feed.depth, device=dev)
         feats = parent_h[feed.parent_rows.to(dev)][None]
         return self.head(self._embed(feed.tokens.to(dev)[None]), feats, pos, s.cache, s.n + fed, mask[None])[0]
-
-
-def _max_nodes(expansion) -> int:
-    if hasattr(expansion, "t"):
-        return expansion.t.num_nodes
-    return expansion.cfg.total_tokens + 1
 
 
 def random_head(target_cfg: ModelConfig, seed: int = 0, dtype=torch.float32) -> EagleHead:

@@ -45,6 +45,7 @@ class StaticExpansion:
         self.fed_order = torch.cat(self.feeds[1:]) if self.max_depth > 1 else torch.empty(0, dtype=torch.long)
         self.levels = [(depth == d).nonzero().flatten() for d in range(self.max_depth + 1)]
         self.max_fed = int(self.fed_order.shape[0])
+        self.max_nodes = template.num_nodes  # nodes of every tree, root included
 
     def start(self, root: torch.Tensor, logp: torch.Tensor) -> Feed | None:
         self.tokens = torch.zeros(self.t.num_nodes, dtype=torch.long)
@@ -84,6 +85,7 @@ class DynamicExpansion:
         self.cfg = cfg
         self.builder = DynamicTreeBuilder(cfg)
         self.max_fed = cfg.top_k * (cfg.depth - 1)
+        self.max_nodes = cfg.total_tokens + 1  # kept draft tokens plus the root
 
     def _feed(self, f) -> Feed | None:
         if f.depth >= self.cfg.depth:
