@@ -1,0 +1,1 @@
+"""Self-distillation data: the target regenerates answers for prompt sets."""

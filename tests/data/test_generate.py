@@ -1,0 +1,348 @@
+"""``eyas data`` generation: batched == unbatched greedy, multi-turn, stops, resume, remote.
+
+The target is a tiny random fp32 Llama (tests/conftest.py) with a word-level
+tokenizer ("w0".."w249" plus chat tokens) and a ChatML-like template, so prompts
+of any length are easy to write and answers decode back to the same words.
+The remote mode runs against a stub OpenAI server on 127.0.0.1 in a thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import torch
+
+from eyas.api import Speculator
+from eyas.data.command import add_data_parser
+from eyas.data.generate import BatchGenerator, GenConfig, NativeGenerator
+from eyas.data.output import OutputFile, Sink
+from eyas.data.remote import RemoteConfig, RemoteGenerator, base_url
+from eyas.data.sources import Conversation
+from eyas.decode import DecodeConfig, SpecDecoder
+from eyas.drafters.loading import DrafterSpec
+from eyas.models.loading import LoadedTarget
+
+IM_END = 252  # the word-level tokenizer's <|im_end|>
+TEMPLATE = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
+
+
+def word_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(250)}
+    for i, t in enumerate(["<unk>", "<|im_start|>", "<|im_end|>", "user", "assistant", "system"]):
+        vocab[t] = 250 + i
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>",
+                                  additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    tok.chat_template = TEMPLATE
+    return tok
+
+
+def words(n: int, seed: int) -> str:
+    g = torch.Generator().manual_seed(seed)
+    return " ".join(f"w{int(i)}" for i in torch.randint(0, 250, (n,), generator=g))
+
+
+def user(text: str) -> dict:
+    return {"role": "user", "content": text}
+
+
+_BUILT: dict[str, object] = {}  # built once per module; the ``tiny`` fixture is function-scoped
+
+
+@pytest.fixture
+def spec(tiny) -> Speculator:
+    """A plain-decoding Speculator on the tiny fp32 Llama with the word tokenizer."""
+    if "spec" not in _BUILT:
+        target = LoadedTarget(model=tiny.native("llama"), tokenizer=word_tokenizer(), path=Path("."),
+                              name="tiny")
+        _BUILT["spec"] = Speculator(target, DrafterSpec("none"))
+    return _BUILT["spec"]
+
+
+def plain(spec: Speculator, ids: list[int], n: int, stop_ids=()) -> list[int]:
+    """Unbatched plain greedy decoding (the reference every batched row must equal)."""
+    dec = SpecDecoder(spec.target.model, None, DecodeConfig(max_new_tokens=n, stop_ids=tuple(stop_ids)))
+    return [t for ev in dec.generate(torch.tensor(ids)) for t in ev.tokens.tolist()]
+
+
+def prompts(spec: Speculator, lengths=(1, 4, 13, 13, 30, 57)) -> list[list[int]]:
+    return [spec.encode([user(words(n, seed=n + k))]).tolist() for k, n in enumerate(lengths)]
+
+
+# ---- the batch engine -------------------------------------------------------------------------------
+@pytest.mark.parametrize("prefill_chunk", [256, 5])
+def test_batched_equals_unbatched_greedy(spec, prefill_chunk) -> None:
+    ps = prompts(spec)
+    gen = BatchGenerator(spec.target.model, (), GenConfig(max_new_tokens=24, prefill_chunk=prefill_chunk))
+    out = gen.generate(ps)
+    for p, comp in zip(ps, out, strict=True):
+        assert comp.token_ids == plain(spec, p, 24)
+        assert comp.finish_reason == "length"
+
+
+def test_stop_ids_end_rows_and_finished_rows_leave_the_batch(spec) -> None:
+    ps = prompts(spec)
+    refs = [plain(spec, p, 20) for p in ps]
+    stop = refs[2][3]  # a token row 2 emits at step 4: it must stop there, other rows maybe elsewhere
+    gen = BatchGenerator(spec.target.model, (stop,), GenConfig(max_new_tokens=20))
+    out = gen.generate(ps)
+    for p, ref, comp in zip(ps, refs, out, strict=True):
+        assert comp.token_ids == plain(spec, p, 20, stop_ids=(stop,))
+        expect = ref[: ref.index(stop) + 1] if stop in ref else ref
+        assert comp.token_ids == expect
+        assert comp.finish_reason == ("stop" if stop in ref else "length")
+    assert len(out[2].token_ids) <= 4 and out[2].finish_reason == "stop"
+
+
+def test_context_end_caps_the_budget(spec) -> None:
+    ctx = spec.target.model.config.max_position_embeddings  # 512
+    long_prompt = spec.encode([user(words(ctx - 13, seed=3))]).tolist()  # 5 template tokens + ctx-13 words
+    gen = BatchGenerator(spec.target.model, (), GenConfig(max_new_tokens=32))
+    short = prompts(spec, (5,))[0]
+    out = gen.generate([long_prompt, short])
+    assert len(out[0].token_ids) == ctx - len(long_prompt) == 8 and out[0].finish_reason == "length"
+    assert out[0].token_ids == plain(spec, long_prompt, 8)
+    assert out[1].token_ids == plain(spec, short, 32)
+
+
+def test_sampling_is_seeded(spec) -> None:
+    ps = prompts(spec, (3, 9))
+
+    def draw(seed: int) -> list[list[int]]:
+        cfg = GenConfig(max_new_tokens=12, temperature=1.0, top_p=0.9, seed=seed)
+        return [c.token_ids for c in BatchGenerator(spec.target.model, (), cfg).generate(ps)]
+
+    assert draw(1) == draw(1)
+    assert draw(1) != draw(2)
+
+
+# ---- conversations ---------------------------------------------------------------------------------
+def _run_native(spec, convs, tmp_path, batch_size=2, stop_ids=(IM_END,), max_new=16) -> dict[str, dict]:
+    out = OutputFile(tmp_path / "out.jsonl")
+    gen = NativeGenerator(spec, GenConfig(max_new_tokens=max_new, batch_size=batch_size), stop_ids=stop_ids)
+    sink = Sink(out, gen.describe())
+    gen.run(convs, sink)
+    out.close()
+    lines = [json.loads(line) for line in out.path.read_text().splitlines()]
+    return {r["id"]: r for r in lines}
+
+
+def test_multi_turn_uses_own_answers(spec, tmp_path) -> None:
+    system = {"role": "system", "content": "w9"}
+    turns = [[system, user(words(6, 1))], [user(words(3, 2))], [user(words(9, 3))]]
+    convs = [Conversation("t:0", "t", turns), Conversation("t:1", "t", [[user(words(20, 4))]]),
+             Conversation("t:2", "t", [[user(words(2, 5))], [user(words(2, 6))]])]
+    recs = _run_native(spec, convs, tmp_path)
+    assert set(recs) == {"t:0", "t:1", "t:2"}
+    for conv in convs:  # reference: sequential unbatched greedy, turn k sees answers 0..k-1
+        messages, usage = [], 0
+        for turn in conv.turns:
+            messages += turn
+            ids = spec.encode(messages).tolist()
+            new = plain(spec, ids, 16, stop_ids=(IM_END,))
+            answer = spec.tokenizer.decode([t for t in new if t != IM_END], skip_special_tokens=True)
+            messages.append({"role": "assistant", "content": answer})
+            usage += len(ids)
+        rec = recs[conv.id]
+        assert rec["messages"] == messages
+        assert rec["usage"]["prompt_tokens"] == usage
+        assert len(rec["finish_reasons"]) == len(conv.turns)
+        assert rec["generator"]["backend"] == "eyas-native" and rec["generator"]["temperature"] == 0.0
+
+
+def test_too_long_conversation_is_skipped(spec, tmp_path) -> None:
+    ctx = spec.target.model.config.max_position_embeddings
+    convs = [Conversation("t:0", "t", [[user(words(ctx, 1))]]), Conversation("t:1", "t", [[user("w1")]])]
+    out = OutputFile(tmp_path / "o.jsonl")
+    gen = NativeGenerator(spec, GenConfig(max_new_tokens=4))
+    sink = Sink(out, gen.describe())
+    gen.run(convs, sink)
+    out.close()
+    assert [s[0] for s in sink.skipped] == ["t:0"] and "context" in sink.skipped[0][1]
+    assert [json.loads(x)["id"] for x in out.path.read_text().splitlines()] == ["t:1"]
+
+
+# ---- the command: resume after a kill --------------------------------------------------------------
+def data_main(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="eyas")
+    add_data_parser(parser.add_subparsers(dest="cmd", required=True))
+    args = parser.parse_args(["data", *argv])
+    return args.func(args)
+
+
+@pytest.fixture
+def model_dir(tiny, tmp_path) -> Path:
+    """The tiny model saved as a HF directory with the word tokenizer (what --model loads)."""
+    d = tmp_path / "tiny_chat_model"
+    tiny.hf("llama").save_pretrained(d)
+    word_tokenizer().save_pretrained(d)
+    return d
+
+
+@pytest.fixture
+def prompt_file(tmp_path) -> Path:
+    path = tmp_path / "chats.jsonl"
+    rows = [{"messages": [user(words(2 + 3 * i, i))]} for i in range(6)]
+    rows.append({"conversations": [{"from": "human", "value": "w1 w2"}, {"from": "gpt", "value": "w3"},
+                                   {"from": "human", "value": "w4"}]})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_command_resumes_after_a_kill(model_dir, prompt_file, tmp_path, capsys) -> None:
+    common = ("--prompts", str(prompt_file), "--model", str(model_dir), "--dtype", "float32",
+              "--max-new-tokens", "8", "--batch-size", "3")
+    full = tmp_path / "full.jsonl"
+    assert data_main(*common, "--out", str(full)) == 0
+    summary = capsys.readouterr().out
+    assert "data: 7 conversations" in summary and "tok/s" in summary
+    lines = full.read_text().splitlines()
+    assert len(lines) == 7
+    # a SIGKILL mid-write leaves whole lines plus a cut-off one
+    killed = tmp_path / "killed.jsonl"
+    killed.write_text(lines[0] + "\n" + lines[1] + "\n" + lines[2][: len(lines[2]) // 2])
+    assert data_main(*common, "--out", str(killed)) == 0
+    assert "resuming, 2 of 7" in capsys.readouterr().err
+    resumed = [json.loads(x) for x in killed.read_text().splitlines()]
+    assert len(resumed) == 7 and len({r["id"] for r in resumed}) == 7
+    assert {r["id"]: r for r in resumed} == {r["id"]: r for r in map(json.loads, lines)}
+    assert data_main(*common, "--out", str(killed)) == 0  # all done: nothing loaded, nothing written
+    assert "nothing to do" in capsys.readouterr().out
+
+
+def test_output_file_repairs_only_a_cut_last_line(tmp_path) -> None:
+    path = tmp_path / "o.jsonl"
+    path.write_text('{"id": "a:0"}\n{"id": "a:1"}')  # whole last line, only its newline missing
+    assert OutputFile(path).resume() == {"a:0", "a:1"}
+    assert path.read_text() == '{"id": "a:0"}\n{"id": "a:1"}\n'
+    path.write_text('{"id": "a:0"}\n{"id": "a:')  # cut off by a kill
+    assert OutputFile(path).resume() == {"a:0"}
+    assert path.read_text() == '{"id": "a:0"}\n'
+    path.write_text('{"id": "a:0"}\nnot json\n{"id": "a:2"}\n')  # damage inside is not ours to drop
+    with pytest.raises(ValueError, match="o.jsonl:2"):
+        OutputFile(path).resume()
+    assert not OutputFile(tmp_path / "new.jsonl").resume() and not (tmp_path / "new.jsonl").exists()
+
+
+def test_command_errors_name_the_fix(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("EYAS_DATA_DIR", raising=False)
+    with pytest.raises(FileNotFoundError, match="--data-dir"):
+        data_main("--data-dir", str(tmp_path / "none"), "--out", str(tmp_path / "o.jsonl"))
+    with pytest.raises(ValueError, match="--endpoint"):
+        data_main("--prompts", "x", "--api-model", "m", "--out", str(tmp_path / "o.jsonl"))
+
+
+# ---- remote mode against a stub OpenAI server --------------------------------------------------------
+class _Stub(BaseHTTPRequestHandler):
+    requests: list[dict] = []
+
+    def log_message(self, *args) -> None:  # keep test output clean
+        pass
+
+    def _send(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        if self.path == "/v1/models":
+            self._send(200, {"object": "list", "data": [
+                {"id": "stub-model", "object": "model", "created": 0, "owned_by": "test"},
+                {"id": "other", "object": "model", "created": 0, "owned_by": "test"}]})
+        else:
+            self._send(404, {"error": {"message": "not found"}})
+
+    def do_POST(self) -> None:  # noqa: N802
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _Stub.requests.append(req)
+        last = req["messages"][-1]["content"]
+        if req["model"] == "missing":
+            self._send(404, {"error": {"message": "model 'missing' does not exist"}})
+            return
+        if "TOO LONG" in last:
+            error = {"message": "context length exceeded", "type": "invalid_request_error"}
+            self._send(400, {"error": error})
+            return
+        n_turn = sum(m["role"] == "user" for m in req["messages"])
+        text = f"answer {n_turn} to {last}"
+        self._send(200, {
+            "id": "c", "object": "chat.completion", "created": 0, "model": req["model"],
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": len(req["messages"]), "completion_tokens": len(text.split()),
+                      "total_tokens": 0},
+        })
+
+
+@pytest.fixture(scope="module")
+def stub_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_remote_multi_turn_and_refusals(stub_server, tmp_path) -> None:
+    _Stub.requests.clear()
+    convs = [Conversation("r:0", "r", [[{"role": "system", "content": "sys"}, user("a")], [user("b")]]),
+             Conversation("r:1", "r", [[user("TOO LONG")]])]
+    convs += [Conversation(f"r:{i}", "r", [[user(f"q{i}")]]) for i in range(2, 9)]
+    out = OutputFile(tmp_path / "remote.jsonl")
+    gen = RemoteGenerator(RemoteConfig(endpoint=stub_server, concurrency=3, max_new_tokens=7))
+    assert gen.model == "stub-model"  # the first id of GET /v1/models
+    sink = Sink(out, gen.describe())
+    gen.run(convs, sink)
+    out.close()
+    recs = {r["id"]: r for r in map(json.loads, out.path.read_text().splitlines())}
+    assert set(recs) == {"r:0"} | {f"r:{i}" for i in range(2, 9)}
+    assert [s[0] for s in sink.skipped] == ["r:1"] and "context length" in sink.skipped[0][1]
+    assert recs["r:0"]["messages"] == [
+        {"role": "system", "content": "sys"}, user("a"), {"role": "assistant", "content": "answer 1 to a"},
+        user("b"), {"role": "assistant", "content": "answer 2 to b"},
+    ]
+    assert recs["r:0"]["usage"] == {"prompt_tokens": 2 + 4, "completion_tokens": 8}
+    assert recs["r:0"]["finish_reasons"] == ["stop", "stop"]
+    assert recs["r:0"]["generator"]["model"] == "stub-model"
+    assert all(r["temperature"] == 0.0 and r["max_tokens"] == 7 for r in _Stub.requests)
+    assert sink.generated_tokens == sum(r["usage"]["completion_tokens"] for r in recs.values())
+
+
+def test_remote_command_and_unreachable_endpoint(stub_server, prompt_file, tmp_path, capsys) -> None:
+    out = tmp_path / "o.jsonl"
+    assert data_main("--prompts", str(prompt_file), "--endpoint", stub_server + "/v1", "--api-model", "other",
+                     "--concurrency", "2", "--out", str(out)) == 0
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(recs) == 7 and all(r["generator"]["model"] == "other" for r in recs)
+    assert "data: 7 conversations" in capsys.readouterr().out
+    one = [Conversation("x:0", "x", [[user("hi")]])]
+    closed = "http://127.0.0.1:1/v1"  # nothing listens on port 1
+    gen = RemoteGenerator(RemoteConfig(endpoint=closed, api_model="m", max_retries=0))
+    with pytest.raises(ValueError, match="cannot reach"):
+        gen.run(one, Sink(OutputFile(tmp_path / "n.jsonl"), {}))
+    gen = RemoteGenerator(RemoteConfig(endpoint=stub_server, api_model="missing", max_retries=0))
+    with pytest.raises(ValueError, match="HTTP 404.*--api-model 'missing'"):
+        gen.run(one, Sink(OutputFile(tmp_path / "n.jsonl"), {}))
+
+
+def test_base_url() -> None:
+    assert base_url("http://h:8000") == "http://h:8000/v1"
+    assert base_url("http://h:8000/v1/") == "http://h:8000/v1"
+    assert base_url("http://h:8000/v1/chat/completions") == "http://h:8000/v1"
+    assert base_url("https://h/openai/v1") == "https://h/openai/v1"
+    with pytest.raises(ValueError, match="--endpoint"):
+        base_url("h:8000")
