@@ -1,4 +1,4 @@
-"""eyas command line: generate and bench.
+"""eyas command line: generate, bench, data (self-distillation), train.
 
 eyas generate "PROMPT" [--model M] [--drafter none|ngram|PATH] [--tree ...] [--json]
 eyas bench speed --questions FILE [--limit K] [--drafter ...] [--json OUT]
@@ -149,6 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     from eyas.bench.speed import cmd_speed
 
     s.set_defaults(func=cmd_speed)
+    from eyas.data.command import add_data_parser
+    from eyas.train.command import add_train_parser
+
+    add_data_parser(sub)
+    add_train_parser(sub)
     return p
 
 

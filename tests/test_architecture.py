@@ -32,6 +32,8 @@ LAYERS: dict[str, int] = {
     "kv": 1,
     "models": 2,
     "drafters": 2,
+    # checkpoint layouts of other engines (EAGLE-1/3, Medusa, speculators) <-> eyas heads
+    "formats": 2,
     "decode": 3,
     "api": 3,
     "generation": 3,
@@ -42,6 +44,8 @@ LAYERS: dict[str, int] = {
     "__init__": 3,
     "serving": 4,
     "training": 4,
+    "train": 4,
+    "data": 4,
     "bench": 4,
     "cli": 4,
     "__main__": 4,

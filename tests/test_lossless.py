@@ -27,6 +27,7 @@ from eyas.decode import DecodeConfig, SpecDecoder
 from eyas.drafters.base import Drafter
 from eyas.drafters.draft_lm import DraftLMDrafter
 from eyas.drafters.eagle import EagleDrafter, random_head
+from eyas.drafters.eagle3 import Eagle3Drafter, random_eagle3_head
 from eyas.drafters.ngram import NgramConfig, NgramDrafter
 from eyas.tree import make_tree
 from eyas.types import DraftOutput, SamplingParams
@@ -91,12 +92,15 @@ def make_drafter(name: str, target, kind: str, tiny) -> Drafter:
         return DraftLMDrafter(model=tiny.native(kind, seed=0), num_draft=3)
     if name.startswith("eagle|"):
         return EagleDrafter(target_model=target, head=random_head(target.config, seed=3), tree=name[6:])
+    if name.startswith("eagle3|"):  # reduced draft vocabulary: half the target's ids
+        head = random_eagle3_head(target.config, draft_vocab_size=VOCAB // 2, seed=3)
+        return Eagle3Drafter(target_model=target, head=head, tree=name[7:])
     raise KeyError(name)
 
 
 DRAFTERS = ("ngram_b1", "ngram_b3", "draft_lm", "draft_lm_other_kind", "draft_lm_self") + tuple(
     f"eagle|{t}" for t in EAGLE_TREES
-)
+) + tuple(f"eagle3|{t}" for t in EAGLE_TREES[:3])
 
 
 @pytest.fixture(params=KINDS)
@@ -264,7 +268,8 @@ def stop_case(target, plen: int, n: int, ok=lambda i: True):
     raise AssertionError("no prompt gives a token first seen mid-generation")
 
 
-@pytest.mark.parametrize("drafter_name", ("ngram_b1", "ngram_b3", "draft_lm_self", "eagle|dynamic:4,4,12"))
+@pytest.mark.parametrize("drafter_name", ("ngram_b1", "ngram_b3", "draft_lm_self", "eagle|dynamic:4,4,12",
+                                          "eagle3|dynamic:4,4,12"))
 @pytest.mark.parametrize("plen", (1, 30))
 def test_stop_id_mid_generation(tiny, kind, target, drafter_name, plen):
     p, ref, i = stop_case(target, plen, 40)
@@ -296,7 +301,8 @@ def test_tiny_token_budgets(target, n):
 
 # ---- exact (batch-invariant) mode -----------------------------------------------------------------
 @pytest.mark.parametrize("drafter_name",
-                         (None, "ngram_b1", "ngram_b3", "eagle|dynamic:4,4,12", "draft_lm_self"))
+                         (None, "ngram_b1", "ngram_b3", "eagle|dynamic:4,4,12", "eagle3|static:eagle_small",
+                          "draft_lm_self"))
 @pytest.mark.parametrize("plen", (1, 30))
 def test_exact_mode_equals_plain(tiny, kind, target, drafter_name, plen):
     p = prompt_ids(plen, seed=5)
@@ -307,7 +313,7 @@ def test_exact_mode_equals_plain(tiny, kind, target, drafter_name, plen):
 
 # ---- sampling: seeded determinism ------------------------------------------------------------------
 @pytest.mark.parametrize("drafter_name", (None, "ngram_b1", "ngram_b3", "draft_lm", "eagle|dynamic:4,4,12",
-                                          "eagle|static:eagle_small"))
+                                          "eagle|static:eagle_small", "eagle3|dynamic:4,4,12"))
 def test_sampling_is_deterministic_per_seed(tiny, kind, target, drafter_name):
     p = prompt_ids(7, seed=6)
     sp = SamplingParams(temperature=0.8, top_p=0.9)

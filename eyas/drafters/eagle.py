@@ -136,29 +136,38 @@ class EagleDrafter(Drafter):
             if path is None:
                 raise ValueError("the eagle drafter needs a head directory: --drafter PATH")
             head = load_eagle_head(Path(path), self.target.config, self.target.dtype)
-        self.head = head
+        self.head = head.to(head_compute_dtype(self.target))
         self.expansion = make_expansion(tree)
         self.max_nodes = self.expansion.max_nodes
 
     def start(self, max_slots: int) -> None:
         c = self.head.config
         cache = KVCache.empty(1, 1, c.num_kv_heads, max_slots + self.expansion.max_fed + 1, c.head_dim,
-                              self.target.dtype, self.target.device)
+                              self.head_dtype, self.target.device)
         self.state = _HeadState(cache=cache, n=0, root_hidden=None, root_logp=None)
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         emb = self.head.embed_tokens if self.head.embed_tokens is not None else self.target.embed
-        return emb(tokens)
+        return emb(tokens).to(self.head_dtype)
+
+    @property
+    def head_dtype(self) -> torch.dtype:
+        return self.head.fc.weight.dtype
 
     def _logp(self, h: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(self.target.lm_head(h).float(), dim=-1)
+        """[..., D] head outputs -> [..., V] draft log-probs (over the expansion's vocabulary)."""
+        return torch.log_softmax(self.target.lm_head(h.to(self.target.dtype)).float(), dim=-1)
+
+    def _feature_in(self, feats: TargetFeatures) -> torch.Tensor:
+        """Committed positions' target features -> [M, D] head input (EAGLE-1: the final feature)."""
+        return feats.hidden.to(self.head_dtype)
 
     @torch.inference_mode()
     def extend(self, tokens: torch.Tensor, feats: TargetFeatures) -> None:
         s = self.state
         m = tokens.shape[0]
         pos = torch.arange(s.n, s.n + m, device=tokens.device)[None]
-        h = self.head(self._embed(tokens[None]), feats.hidden[None], pos, s.cache, s.n, None)[0]
+        h = self.head(self._embed(tokens[None]), self._feature_in(feats)[None], pos, s.cache, s.n, None)[0]
         s.n += m
         s.root_hidden = h[-1]
         s.root_logp = self._logp(h[-1])
@@ -186,6 +195,16 @@ class EagleDrafter(Drafter):
         pos = torch.full((1, f), s.n - 1 + feed.depth, device=dev)
         feats = parent_h[feed.parent_rows.to(dev)][None]
         return self.head(self._embed(feed.tokens.to(dev)[None]), feats, pos, s.cache, s.n + fed, mask[None])[0]
+
+
+def head_compute_dtype(target) -> torch.dtype:
+    """The dtype a draft head runs in: float32 on CPU, the target's dtype elsewhere.
+
+    This CPU kind has no native bf16 matmul: a bf16 matmul over the few rows of a tree level
+    costs 2-6x its float32 twin, while the head's weights are small either way. The draft's
+    precision never changes the output (verification decides), only its speed.
+    """
+    return torch.float32 if target.device.type == "cpu" else target.dtype
 
 
 def random_head(target_cfg: ModelConfig, seed: int = 0, dtype=torch.float32) -> EagleHead:

@@ -46,6 +46,8 @@ class StaticExpansion:
         self.levels = [(depth == d).nonzero().flatten() for d in range(self.max_depth + 1)]
         self.max_fed = int(self.fed_order.shape[0])
         self.max_nodes = template.num_nodes  # nodes of every tree, root included
+        # [Vd] long: draft-vocabulary index -> target id (EAGLE-3); None = logp is over target ids
+        self.id_map: torch.Tensor | None = None
 
     def start(self, root: torch.Tensor, logp: torch.Tensor) -> Feed | None:
         self.tokens = torch.zeros(self.t.num_nodes, dtype=torch.long)
@@ -61,7 +63,8 @@ class StaticExpansion:
         kids = self.levels[d + 1]
         row_of = torch.full((self.t.num_nodes,), -1, dtype=torch.long)
         row_of[parents_fed] = torch.arange(parents_fed.shape[0])
-        top = logp.topk(self.t.topk_per_depth[d], dim=-1).indices.cpu()  # [F, k]; host sync: tree books live on CPU
+        top = logp.topk(self.t.topk_per_depth[d], dim=-1).indices  # [F, k]
+        top = (top if self.id_map is None else self.id_map[top]).cpu()  # host sync: tree books live on CPU
         self.tokens[kids] = top[row_of[self.t.parents[kids]], self.t.ranks[kids]]
         self.d = d + 1
         if self.d >= self.max_depth or self.feeds[self.d].numel() == 0:
@@ -86,6 +89,11 @@ class DynamicExpansion:
         self.builder = DynamicTreeBuilder(cfg)
         self.max_fed = cfg.top_k * (cfg.depth - 1)
         self.max_nodes = cfg.total_tokens + 1  # kept draft tokens plus the root
+        # [Vd] long: draft-vocabulary index -> target id (EAGLE-3); None = logp is over target ids
+        self.id_map: torch.Tensor | None = None
+
+    def _ids(self, idx: torch.Tensor) -> torch.Tensor:
+        return (idx if self.id_map is None else self.id_map[idx]).cpu()
 
     def _feed(self, f) -> Feed | None:
         if f.depth >= self.cfg.depth:
@@ -94,11 +102,11 @@ class DynamicExpansion:
 
     def start(self, root: torch.Tensor, logp: torch.Tensor) -> Feed | None:
         top = logp.topk(self.cfg.top_k)  # host sync below: tree books live on CPU
-        return self._feed(self.builder.start(root, top.values.cpu(), top.indices.cpu()))
+        return self._feed(self.builder.start(root, top.values.cpu(), self._ids(top.indices)))
 
     def grow(self, logp: torch.Tensor) -> Feed | None:
         top = logp.topk(self.cfg.top_k, dim=-1)
-        return self._feed(self.builder.expand(top.values.cpu(), top.indices.cpu()))
+        return self._feed(self.builder.expand(top.values.cpu(), self._ids(top.indices)))
 
     def finish(self) -> Tree:
         return self.builder.finish().tree

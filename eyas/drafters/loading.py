@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # importing the modules registers their drafters
-from eyas.drafters import draft_lm, eagle, ngram  # noqa: F401
+from eyas.drafters import draft_lm, eagle, eagle3, medusa, ngram  # noqa: F401
 from eyas.drafters.base import Drafter, drafter_names, get_drafter_factory
 
 
@@ -26,9 +26,23 @@ class DrafterSpec:
     options: dict = field(default_factory=dict)
 
 
+# heads trained by eyas and shipped with the package: target name -> directory under eyas/heads
+SHIPPED_HEADS = {"embedded:smollm2-135m-instruct": "smollm2-135m-instruct-eagle3"}
+
+
+def shipped_head(target_name: str) -> Path | None:
+    """The shipped head for a target, if any (see docs/heads.md for how it was trained)."""
+    sub = SHIPPED_HEADS.get(target_name)
+    if sub is None:
+        return None
+    p = Path(__file__).resolve().parents[1] / "heads" / sub
+    return p if (p / "config.json").exists() else None
+
+
 def default_drafter_name(target) -> str:
-    """The drafter used when none is named: prompt lookup until a trained head ships."""
-    return "ngram"
+    """The drafter used when none is named: the shipped head for the target, else prompt lookup."""
+    head = shipped_head(getattr(target, "name", ""))
+    return str(head) if head is not None else "ngram"
 
 
 def build_drafter(spec: DrafterSpec, target) -> Drafter | None:
@@ -60,8 +74,18 @@ def _from_path(p: Path, spec: DrafterSpec, target) -> Drafter:
 
 
 def detect_kind(p: Path) -> str:
-    """'eagle' for EAGLE-style heads (fc.* + layers.0.* keys), 'draft' for full causal LMs."""
-    return "eagle" if eagle.looks_like_eagle_dir(p) else "draft"
+    """'eagle3' (midlayer.* / d2t keys, checked first: a speculators-layout EAGLE-3 head also has
+    fc.* + layers.0.*), 'eagle' (EAGLE-1: fc.* + layers.0.*), 'medusa' (vLLM or Medusa layout),
+    'draft' for full causal LMs."""
+    from eyas.formats.eagle3 import looks_like_eagle3_dir
+
+    if looks_like_eagle3_dir(p):
+        return "eagle3"
+    if eagle.looks_like_eagle_dir(p):
+        return "eagle"
+    if medusa.looks_like_medusa_dir(p):
+        return "medusa"
+    return "draft"
 
 
 __all__ = ["DrafterSpec", "DrafterLoadError", "build_drafter", "drafter_names", "detect_kind"]

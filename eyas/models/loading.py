@@ -178,4 +178,5 @@ def load_target(spec: str | None = None, dtype="float32", backend: str = "native
     else:
         raise ModelLoadError(f"unknown backend {backend!r}; choose native or hf")
     tok = AutoTokenizer.from_pretrained(d)
-    return LoadedTarget(model=model, tokenizer=tok, path=d, name=spec or DEFAULT_MODEL)
+    embedded = spec is None or spec in (DEFAULT_MODEL, "embedded", "default")
+    return LoadedTarget(model=model, tokenizer=tok, path=d, name=DEFAULT_MODEL if embedded else spec)

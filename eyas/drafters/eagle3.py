@@ -1,0 +1,182 @@
+"""EAGLE-3 drafting heads (Li et al. 2025): fused multi-layer features, one
+decoder layer that attends over [norm(embedding), norm(hidden)], and a reduced
+draft vocabulary with its own ``lm_head``.
+
+Parameter names follow the layout vLLM, SGLang and TensorRT-LLM load
+(``LlamaForCausalLMEagle3``): ``fc`` (3H_target -> H, no bias), ``midlayer.*``
+(q/k/v projections read 2H), ``norm``, ``lm_head`` [draft_vocab, H], ``d2t``
+(draft id -> target id offset) and ``t2d`` (target id in the draft vocab). The
+token embedding is the target's. Reading and writing that layout lives in
+``eyas.formats.eagle3``.
+
+Recurrence: step 0 at position t reads (embed(x[t+1]), fc(taps[t])); step k > 0
+reads (embed(draft token), the previous step's pre-norm output). The pre-norm
+output goes through ``norm`` and ``lm_head`` for draft logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from eyas.drafters.base import TargetFeatures, register_drafter
+from eyas.drafters.eagle import EagleDrafter
+from eyas.models.base import causal_mask
+from eyas.models.config import ModelConfig
+from eyas.models.native import MLP, Attention, RMSNorm, rope_tables
+
+
+def default_eagle3_taps(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's low/mid/high taps: the residual entering layers (2, L // 2, L - 3).
+
+    Clamped into 0 .. L - 1 for toy models with fewer than 5 layers.
+    """
+    return tuple(min(max(i, 0), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3))
+
+
+@dataclass
+class Eagle3Config:
+    """The head's shape; ``model`` holds the decoder layer's hyper-parameters (1 layer)."""
+
+    model: ModelConfig
+    draft_vocab_size: int
+    # target layers whose input residual is fused (EAGLE-3: 2, L // 2, L - 3)
+    aux_layers: tuple[int, ...] = field(default_factory=tuple)
+    target_hidden_size: int = 0  # 0: same as model.hidden_size
+    # residual around attention: hidden_norm(hidden) instead of the raw hidden (speculators' default)
+    norm_before_residual: bool = False
+
+    def __post_init__(self) -> None:
+        if self.target_hidden_size == 0:
+            self.target_hidden_size = self.model.hidden_size
+        self.aux_layers = tuple(int(i) for i in self.aux_layers)
+
+    @classmethod
+    def for_target(cls, target_cfg: ModelConfig, draft_vocab_size: int | None = None,
+                   aux_layers: tuple[int, ...] | None = None) -> Eagle3Config:
+        # the engines' EAGLE-3 layer is a plain Llama layer whatever the target family (no q/k norm,
+        # no q/k/v-only bias: vLLM/TensorRT-LLM/speculators read one attention_bias flag)
+        plain = {"num_layers": 1, "model_type": "llama", "qkv_bias": False, "o_bias": False, "qk_norm": False}
+        model = ModelConfig(**{**target_cfg.__dict__, **plain})
+        return cls(model=model, draft_vocab_size=draft_vocab_size or target_cfg.vocab_size,
+                   aux_layers=aux_layers or default_eagle3_taps(target_cfg.num_layers),
+                   target_hidden_size=target_cfg.hidden_size)
+
+
+class Eagle3Layer(nn.Module):
+    """``midlayer``: a Llama decoder layer whose attention reads [norm(emb), norm(hidden)] (2H)."""
+
+    def __init__(self, cfg: ModelConfig, norm_before_residual: bool = False) -> None:
+        super().__init__()
+        d = cfg.hidden_size
+        self.norm_before_residual = norm_before_residual
+        self.self_attn = Attention(cfg)
+        a = self.self_attn
+        a.q_proj = nn.Linear(2 * d, a.h * a.dh, bias=cfg.qkv_bias)
+        a.k_proj = nn.Linear(2 * d, a.hk * a.dh, bias=cfg.qkv_bias)
+        a.v_proj = nn.Linear(2 * d, a.hk * a.dh, bias=cfg.qkv_bias)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(d, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def attn_input(self, emb: torch.Tensor, hid: torch.Tensor) -> torch.Tensor:
+        """emb, hid: [B, T, H] -> [B, T, 2H]."""
+        return torch.cat([self.input_layernorm(emb), self.hidden_norm(hid)], dim=-1)
+
+    def finish(self, hid: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """Residual around attention (the hidden input), then the MLP block -> pre-norm output."""
+        x = (self.hidden_norm(hid) if self.norm_before_residual else hid) + attn_out
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward(self, emb, hid, rope, cache, start, mask, kv_len):
+        a = self.self_attn(self.attn_input(emb, hid), rope, cache, 0, start, mask, kv_len)
+        return self.finish(hid, a)
+
+
+class Eagle3Head(nn.Module):
+    def __init__(self, cfg: Eagle3Config) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.config = cfg.model  # what EagleDrafter sizes its cache from
+        h = cfg.model.hidden_size
+        self.fc = nn.Linear(len(cfg.aux_layers) * cfg.target_hidden_size, h, bias=False)
+        self.midlayer = Eagle3Layer(cfg.model, cfg.norm_before_residual)
+        self.norm = RMSNorm(h, cfg.model.rms_norm_eps)
+        self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
+        vd, v = cfg.draft_vocab_size, cfg.model.vocab_size
+        # identity mapping until a vocabulary is chosen (set_draft_vocab)
+        self.register_buffer("d2t", torch.zeros(vd, dtype=torch.long))
+        self.register_buffer("t2d", torch.arange(v) < vd)
+        # a plain attribute, not a buffer: .to(bfloat16) must not round the RoPE frequencies
+        self.inv_freq = cfg.model.inv_freq()
+
+    def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
+        """target_ids: [Vd] long, sorted ascending -> d2t offsets and t2d mask."""
+        ids = torch.as_tensor(target_ids, dtype=torch.long).sort().values
+        if ids.shape[0] != self.cfg.draft_vocab_size:
+            raise ValueError(f"draft vocabulary has {ids.shape[0]} ids, head expects {self.cfg.draft_vocab_size}")
+        self.d2t.copy_(ids - torch.arange(ids.shape[0]))
+        self.t2d.zero_()
+        self.t2d[ids] = True
+
+    def draft_ids(self) -> torch.Tensor:
+        """[Vd] long: the target id of each draft-vocabulary entry."""
+        return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
+
+    def fuse(self, taps: torch.Tensor) -> torch.Tensor:
+        """taps: [..., L, H_target] residuals at the aux layers -> [..., H]."""
+        return self.fc(taps.flatten(-2).to(self.fc.weight.dtype))
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """[..., H] pre-norm outputs -> [..., Vd] draft-vocabulary logits."""
+        return self.lm_head(self.norm(out))
+
+    def forward(self, emb, hid, positions, cache, start: int, mask) -> torch.Tensor:
+        """emb, hid: [B, T, H]; positions [B, T]; mask [B, T, S] bool or None -> [B, T, H] pre-norm."""
+        rope = rope_tables(self.inv_freq, positions, emb.dtype)
+        t = emb.shape[1]
+        attn_mask = None if mask is None else mask[:, None]
+        if attn_mask is None and t > 1:
+            attn_mask = causal_mask(t, start, device=emb.device)[None, None]
+        return self.midlayer(emb, hid.to(emb.dtype), rope, cache, start, attn_mask, start + t)
+
+
+def random_eagle3_head(target_cfg: ModelConfig, draft_vocab_size: int | None = None, seed: int = 0,
+                       dtype=torch.float32) -> Eagle3Head:
+    """An untrained head (tests: a random head must still be lossless). Draft vocab: a random subset."""
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    cfg = Eagle3Config.for_target(target_cfg, draft_vocab_size)
+    head = Eagle3Head(cfg)
+    head.set_draft_vocab(torch.randperm(target_cfg.vocab_size, generator=g)[: cfg.draft_vocab_size])
+    return head.to(dtype).eval().requires_grad_(False)
+
+
+@register_drafter("eagle3")
+class Eagle3Drafter(EagleDrafter):
+    """EAGLE-3 drafting with a static (choices) or dynamic (EAGLE-2) tree."""
+
+    def __init__(self, target=None, path=None, head: Eagle3Head | None = None, tree: str | None = None,
+                 target_model=None) -> None:
+        tm = target_model if target_model is not None else target.model
+        if head is None:
+            if path is None:
+                raise ValueError("the eagle3 drafter needs a head directory: --drafter PATH")
+            from eyas.formats.eagle3 import load_eagle3
+
+            head = load_eagle3(path, tm.config, tm.dtype)
+        super().__init__(head=head, tree=tree, target_model=tm)
+        self.taps = head.cfg.aux_layers
+        self.expansion.id_map = head.draft_ids().to(tm.device)
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.target.embed(tokens).to(self.head_dtype)
+
+    def _feature_in(self, feats: TargetFeatures) -> torch.Tensor:
+        return self.head.fuse(torch.stack([feats.taps[i] for i in self.taps], dim=-2))
+
+    def _logp(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(self.head.logits(h).float(), dim=-1)

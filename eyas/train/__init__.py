@@ -1,0 +1,1 @@
+"""Drafter training by self-distillation (EAGLE-3, EAGLE-1, Medusa)."""

@@ -1,0 +1,59 @@
+"""`eyas train`: self-distillation training of a drafter head (EAGLE-3, EAGLE-1, Medusa).
+
+Single process:      eyas train --data distill.jsonl --out runs/eagle3
+Several GPUs:        accelerate launch --num_processes 8 -m eyas train --data ... --out ...
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from eyas.train.loop import TrainConfig, train
+
+
+def add_train_parser(sub) -> None:
+    p = sub.add_parser("train", help="train a drafter head on self-distilled data (accelerate)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = TrainConfig(data=[], out_dir="")
+    p.add_argument("--data", nargs="+", required=True, help="jsonl conversations (from `eyas data`)")
+    p.add_argument("--out", required=True, help="output dir: checkpoint/, head/, train_log.jsonl")
+    p.add_argument("--kind", default=d.kind, choices=["eagle3", "eagle1", "medusa"])
+    p.add_argument("--model", default=None, help="target model (default: the embedded SmolLM2)")
+    p.add_argument("--target-dtype", default=d.target_dtype, choices=["auto", "float32", "bfloat16"],
+                   help="dtype of the frozen target (auto: bfloat16 on GPU, float32 on CPU)")
+    p.add_argument("--mixed-precision", default=d.mixed_precision, choices=["auto", "no", "bf16", "fp16"],
+                   help="autocast for the head (auto: bf16 on GPU, none on CPU)")
+    p.add_argument("--max-len", type=int, default=d.max_len, help="tokens per conversation (truncated)")
+    p.add_argument("--batch-tokens", type=int, default=d.batch_tokens, help="padded tokens per batch per process")
+    p.add_argument("--epochs", type=float, default=d.epochs)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    p.add_argument("--ttt-steps", type=int, default=d.ttt_steps, help="eagle3: training-time-test unroll")
+    p.add_argument("--draft-vocab", type=int, default=d.draft_vocab,
+                   help="eagle3: draft vocabulary size (most frequent target tokens); 0 = full")
+    p.add_argument("--medusa-heads", type=int, default=d.medusa_heads)
+    p.add_argument("--save-every", type=int, default=d.save_every, help="checkpoint every N steps")
+    p.add_argument("--eval-every", type=int, default=d.eval_every, help="held-aside acceptance every N steps")
+    p.add_argument("--holdout", type=int, default=d.holdout, help="held-aside conversations for the eval")
+    p.add_argument("--eval-tokens", type=int, default=d.eval_tokens)
+    p.add_argument("--eval-tree", default=d.eval_tree)
+    p.add_argument("--feature-cache", default=None,
+                   help="directory of offline target features (`eyas train-cache`); default: target in the loop")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.set_defaults(func=cmd_train)
+
+
+def cmd_train(a: argparse.Namespace) -> int:
+    if a.batch_tokens < a.max_len:
+        raise ValueError(f"--batch-tokens ({a.batch_tokens}) must be >= --max-len ({a.max_len})")
+    cfg = TrainConfig(
+        data=a.data, out_dir=a.out, kind=a.kind, model=a.model, target_dtype=a.target_dtype,
+        mixed_precision=a.mixed_precision, max_len=a.max_len, batch_tokens=a.batch_tokens, epochs=a.epochs,
+        max_steps=a.max_steps, lr=a.lr, warmup_steps=a.warmup_steps, ttt_steps=a.ttt_steps,
+        draft_vocab=a.draft_vocab, medusa_heads=a.medusa_heads, save_every=a.save_every,
+        eval_every=a.eval_every, holdout=a.holdout, eval_tokens=a.eval_tokens, eval_tree=a.eval_tree,
+        feature_cache=a.feature_cache, seed=a.seed,
+    )
+    train(cfg)
+    return 0

@@ -1,0 +1,143 @@
+"""Tokenized self-distillation conversations for drafter training.
+
+Reads jsonl in the OpenAI chat format (what ``eyas data`` writes: one
+``{"messages": [{"role", "content"}...]}`` per line; ShareGPT
+``conversations`` is accepted too), applies the target's chat template, and
+marks the assistant tokens: ``loss_mask[t]`` is True when token t + 1 belongs
+to an assistant turn (including its end-of-turn token), so position t is
+trained to predict it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+_SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+
+
+@dataclass
+class Example:
+    # [T] long
+    input_ids: torch.Tensor
+    # [T] bool, token t + 1 is an assistant token
+    loss_mask: torch.Tensor
+    id: str = ""
+
+
+def read_conversations(paths: list[str | Path]) -> list[dict]:
+    """jsonl files -> [{"id", "messages"}], skipping unparsable (e.g. truncated) lines."""
+    out = []
+    for path in paths:
+        p = Path(path)
+        if not p.exists():
+            raise FileNotFoundError(f"training data {p} does not exist; create it with `eyas data --out {p}`")
+        for i, line in enumerate(p.read_text().splitlines()):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            msgs = rec.get("messages")
+            if msgs is None and "conversations" in rec:
+                msgs = [{"role": _SHAREGPT_ROLES.get(m.get("from"), "user"), "content": m.get("value", "")}
+                        for m in rec["conversations"]]
+            if msgs and any(m.get("role") == "assistant" for m in msgs):
+                out.append({"id": str(rec.get("id", f"{p.name}:{i}")), "messages": msgs})
+    return out
+
+
+def _encode(tok, msgs: list[dict], gen_prompt: bool) -> list[int]:
+    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen_prompt)
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def tokenize_conversation(tok, messages: list[dict], max_len: int) -> Example:
+    """Chat-template a conversation and mark assistant tokens (truncated to max_len tokens)."""
+    ids: list[int] = []
+    is_asst: list[bool] = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before = _encode(tok, messages[:i], True)
+        upto = _encode(tok, messages[: i + 1], False)
+        if upto[: len(before)] != before:
+            raise ValueError("the chat template is not prefix-stable; cannot locate assistant tokens")
+        if ids and before[: len(ids)] != ids:
+            raise ValueError("the chat template renders earlier turns differently in later prompts")
+        is_asst += [False] * (len(before) - len(ids)) + [True] * (len(upto) - len(before))
+        ids = list(upto)
+    ids, is_asst = ids[:max_len], is_asst[:max_len]
+    t = torch.tensor(ids, dtype=torch.long)
+    asst = torch.tensor(is_asst, dtype=torch.bool)
+    loss = torch.zeros_like(asst)
+    loss[:-1] = asst[1:]
+    return Example(t, loss)
+
+
+def load_examples(paths, tok, max_len: int = 1024, min_assistant: int = 4) -> list[Example]:
+    out = []
+    for conv in read_conversations(paths):
+        ex = tokenize_conversation(tok, conv["messages"], max_len)
+        ex.id = conv["id"]
+        if int(ex.loss_mask.sum()) >= min_assistant:
+            out.append(ex)
+    if not out:
+        raise ValueError(f"no usable conversations in {', '.join(map(str, paths))}")
+    return out
+
+
+def split_holdout(examples: list[Example], n: int) -> tuple[list[Example], list[Example]]:
+    """Deterministic held-aside split by id hash: (train, holdout of n)."""
+    key = sorted(examples, key=lambda e: hashlib.sha1(e.id.encode()).hexdigest())
+    hold = {id(e) for e in key[:n]}
+    return [e for e in examples if id(e) not in hold], key[:n]
+
+
+def collate(batch: list[Example]) -> dict[str, torch.Tensor]:
+    """Right-pad to the longest: input_ids, attention_mask, loss_mask [B, T]."""
+    t = max(e.input_ids.shape[0] for e in batch)
+    ids = torch.zeros(len(batch), t, dtype=torch.long)
+    att = torch.zeros(len(batch), t, dtype=torch.bool)
+    loss = torch.zeros(len(batch), t, dtype=torch.bool)
+    for i, e in enumerate(batch):
+        n = e.input_ids.shape[0]
+        ids[i, :n], att[i, :n], loss[i, :n] = e.input_ids, True, e.loss_mask
+    return {"input_ids": ids, "attention_mask": att, "loss_mask": loss}
+
+
+def token_batches(examples: list[Example], max_tokens: int, seed: int) -> list[list[int]]:
+    """Shuffle (seeded), then group examples of similar length into batches of <= max_tokens padded tokens."""
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(examples), generator=g).tolist()
+    chunks = [order[i : i + 256] for i in range(0, len(order), 256)]  # sort locally: less padding, still mixed
+    batches = []
+    for ch in chunks:
+        ch.sort(key=lambda i: examples[i].input_ids.shape[0])
+        cur: list[int] = []
+        for i in ch:
+            longest = max([examples[j].input_ids.shape[0] for j in cur] + [examples[i].input_ids.shape[0]])
+            if cur and longest * (len(cur) + 1) > max_tokens:
+                batches.append(cur)
+                cur = []
+            cur.append(i)
+        if cur:
+            batches.append(cur)
+    perm = torch.randperm(len(batches), generator=g).tolist()
+    return [batches[i] for i in perm]
+
+
+def draft_vocab(examples: list[Example], vocab_size: int, size: int, always: list[int] = ()) -> tuple[torch.Tensor, float]:
+    """Most frequent assistant tokens -> ([size] sorted target ids, coverage of assistant tokens)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for e in examples:
+        nxt = e.input_ids[1:][e.loss_mask[:-1]]
+        counts += torch.bincount(nxt, minlength=vocab_size)
+    score = counts.float()
+    score[torch.as_tensor(list(always), dtype=torch.long)] = float("inf")
+    ids = score.topk(min(size, vocab_size)).indices.sort().values
+    coverage = float(counts[ids].sum() / counts.sum().clamp(min=1))
+    return ids, coverage

@@ -1,0 +1,125 @@
+"""EAGLE-3 training objective: training-time test (TTT) over K unrolled steps.
+
+Step 0 at position t reads (embed(x[t+1]), fc(taps[t])) and predicts the
+target's distribution over x[t+2]. Step k reads (embed(x[t+1+k]), the step
+k-1 output at t) and predicts x[t+2+k]: exactly what the drafter does at depth
+k + 1 of a tree. Attention mirrors inference: step k at position t (RoPE
+position t + k) sees the step-0 keys of positions <= t (the committed prefix)
+plus its own ancestors, the step-1..k keys at position t (the tree path).
+
+Loss per step: cross-entropy against the target's next-token distribution
+restricted to the draft vocabulary, on positions whose label is an assistant
+token the draft vocabulary contains, weighted ``decay ** k``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from eyas.drafters.eagle3 import Eagle3Head
+from eyas.models.native import apply_rope, rope_tables
+from eyas.train.features import FeatureBatch
+
+
+@dataclass
+class Eagle3LossConfig:
+    ttt_steps: int = 7
+    decay: float = 0.8  # weight of step k is decay ** k
+
+
+def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
+    """x: [B, T, ...] -> x[:, n:] padded at the end with ``fill`` back to T."""
+    if n == 0:
+        return x
+    pad = x.new_full((x.shape[0], n, *x.shape[2:]), fill)
+    return torch.cat([x[:, n:], pad], dim=1)
+
+
+class TTTAttention:
+    """Attention of one TTT step over step-0 causal keys plus the diagonal keys of steps 1..k."""
+
+    def __init__(self, attn) -> None:
+        self.a = attn  # eyas.models.native.Attention with 2H inputs
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+
+    def __call__(self, x2: torch.Tensor, rope) -> torch.Tensor:
+        """x2: [B, T, 2H]; rope: (cos, sin) [B, 1, T, Dh] at positions t + k -> [B, T, H]."""
+        a = self.a
+        b, t, _ = x2.shape
+        q = a.q_proj(x2).view(b, t, a.h, a.dh)
+        k = a.k_proj(x2).view(b, t, a.hk, a.dh)
+        v = a.v_proj(x2).view(b, t, a.hk, a.dh)
+        if a.q_norm is not None:
+            q, k = a.q_norm(q), a.k_norm(k)
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        rep = a.h // a.hk
+        self.keys.append(k.repeat_interleave(rep, dim=1))  # [B, H, T, Dh]
+        self.values.append(v.repeat_interleave(rep, dim=1))
+        scale = 1.0 / math.sqrt(a.dh)
+        s0 = (q @ self.keys[0].transpose(-1, -2)) * scale  # [B, H, T, T]
+        causal = torch.ones(t, t, dtype=torch.bool, device=x2.device).tril()
+        s0 = s0.masked_fill(~causal, float("-inf"))
+        diag = [(q * kj).sum(-1, keepdim=True) * scale for kj in self.keys[1:]]  # [B, H, T, 1] each
+        w = torch.softmax(torch.cat([s0, *diag], dim=-1).float(), dim=-1).to(q.dtype)
+        y = w[..., :t] @ self.values[0]
+        for j, vj in enumerate(self.values[1:]):
+            y = y + w[..., t + j : t + j + 1] * vj
+        return a.o_proj(y.transpose(1, 2).reshape(b, t, a.h * a.dh))
+
+
+class Eagle3Objective:
+    """Trains an Eagle3Head against a frozen target (embeddings and lm_head from the target)."""
+
+    def __init__(self, head: Eagle3Head, target, cfg: Eagle3LossConfig | None = None) -> None:
+        self.module = head
+        self.target = target
+        self.cfg = cfg or Eagle3LossConfig()
+        ids = head.draft_ids()
+        # [Vd, D] the target's output rows of the draft vocabulary (labels), frozen
+        self.label_rows = target.lm_head_proj.weight.detach()[ids.to(target.device)]
+
+    def labels(self, batch: FeatureBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> target probs over the draft vocab [B, T, Vd] (fp32), and [B, T] bool 'label in draft vocab'."""
+        with torch.no_grad():
+            logits = batch.hidden.to(self.label_rows.dtype) @ self.label_rows.T
+            p = torch.softmax(logits.float(), dim=-1)
+            in_vocab = self.module.t2d[batch.target_tokens]
+        return p, in_vocab
+
+    def loss(self, batch: FeatureBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        head, cfg = self.module, self.cfg
+        dt = head.fc.weight.dtype
+        p, in_vocab = self.labels(batch)
+        valid = batch.loss_mask & in_vocab  # [B, T] label at t is learnable
+        with torch.no_grad():
+            emb = self.target.embed(batch.input_ids).to(dt)  # [B, T, H]
+        b, t = batch.input_ids.shape
+        pos = torch.arange(t, device=emb.device)[None].expand(b, t)
+        attn = TTTAttention(head.midlayer.self_attn)
+        hid = head.fuse(batch.taps)  # [B, T, H]
+        total = emb.new_zeros((), dtype=torch.float32)
+        stats: dict[str, float] = {}
+        draft_tokens = head.draft_ids()
+        for k in range(cfg.ttt_steps):
+            e = shift_left(emb, 1 + k)
+            rope = rope_tables(head.inv_freq, pos + k, dt)
+            x = head.midlayer.attn_input(e, hid)
+            hid = head.midlayer.finish(hid, attn(x, rope))
+            logp = F.log_softmax(head.logits(hid).float(), dim=-1)  # [B, T, Vd]
+            m = shift_left(valid, 1 + k, False)
+            n = m.sum().clamp(min=1)
+            ce = -(shift_left(p, 1 + k) * logp).sum(-1)
+            step_loss = (ce * m).sum() / n
+            total = total + cfg.decay**k * step_loss
+            with torch.no_grad():
+                hit = draft_tokens[logp.argmax(-1)] == shift_left(batch.target_tokens, 1 + k)
+                stats[f"acc{k}"] = float((hit & m).sum() / n)
+                stats[f"loss{k}"] = float(step_loss.detach())
+        stats["loss"] = float(total.detach())
+        return total, stats

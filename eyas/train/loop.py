@@ -1,0 +1,230 @@
+"""The training loop: accelerate-driven, resumable, with periodic acceptance evaluation.
+
+One loop for every drafter kind: an *objective* (``loss(batch) -> (loss,
+stats)`` plus ``module``, the trainable head) built by ``eyas.train.objectives``.
+The same command runs on CPU, one GPU, or several through ``accelerate launch``
+/ torchrun (each process takes every world_size-th batch; gradients are
+all-reduced by accelerate's DDP wrapper).
+
+Checkpoints (``OUT/checkpoint``): the head's state dict as safetensors, the
+optimizer and scheduler through ``torch.load(weights_only=True)``, and
+``state.json`` (step, epoch, position in the epoch). They are written to a
+temporary directory and renamed, so a SIGKILL loses at most the steps since
+the last checkpoint, and ``eyas train`` picks up from it when run again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from eyas.train.dataset import Example, collate, load_examples, split_holdout, token_batches
+from eyas.train.features import TargetFeaturizer
+
+
+@dataclass
+class TrainConfig:
+    data: list[str]
+    out_dir: str
+    kind: str = "eagle3"  # eagle3 | eagle1 | medusa
+    model: str | None = None  # target (default: the embedded model)
+    # "auto": bfloat16 / bf16 autocast on a GPU, float32 / none on CPU (measured: this project's
+    # CPU kind has no native bf16 matmul, so bf16 is slower there than float32 for batched work)
+    target_dtype: str = "auto"  # features are computed in this dtype
+    mixed_precision: str = "auto"  # accelerate: auto | no | bf16 | fp16
+    max_len: int = 1024
+    batch_tokens: int = 4096  # padded tokens per batch per process
+    epochs: float = 1.0
+    max_steps: int | None = None
+    lr: float = 1e-3
+    warmup_steps: int = 50
+    grad_clip: float = 0.5
+    ttt_steps: int = 7  # eagle3
+    decay: float = 0.8  # eagle3 step weights decay ** k
+    draft_vocab: int = 8192  # eagle3; 0 = full target vocabulary
+    medusa_heads: int = 4
+    save_every: int = 100
+    eval_every: int = 200
+    holdout: int = 16  # held-aside conversations for the acceptance eval
+    eval_tokens: int = 64
+    eval_tree: str = "dynamic:8,6,32"
+    seed: int = 0
+    feature_cache: str | None = None  # offline target features (eyas.train.cache)
+    extra: dict = field(default_factory=dict)
+
+
+class _Wrapped(nn.Module):
+    """forward(batch) -> (loss, stats): what accelerate/DDP wraps."""
+
+    def __init__(self, objective) -> None:
+        super().__init__()
+        self.head = objective.module
+        self.objective = objective  # plain attribute: the frozen target is not a submodule
+
+    def forward(self, batch):
+        return self.objective.loss(batch)
+
+
+def _lr_lambda(cfg: TrainConfig, total: int):
+    def f(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        frac = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))  # cosine to 0
+
+    return f
+
+
+def save_checkpoint(out: Path, head: nn.Module, opt, sched, state: dict) -> None:
+    from safetensors.torch import save_file
+
+    tmp, final = out / "checkpoint.tmp", out / "checkpoint"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file({k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}, str(tmp / "head.safetensors"))
+    torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, tmp / "optimizer.pt")
+    (tmp / "state.json").write_text(json.dumps(state, indent=1))
+    old = out / "checkpoint.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(out: Path, head: nn.Module, opt, sched) -> dict | None:
+    from safetensors.torch import load_file
+
+    ck = out / "checkpoint"
+    if not (ck / "state.json").exists():
+        ck = out / "checkpoint.old"  # killed between the two renames
+        if not (ck / "state.json").exists():
+            return None
+    head.load_state_dict(load_file(str(ck / "head.safetensors")))
+    opt_state = torch.load(ck / "optimizer.pt", map_location="cpu", weights_only=True)
+    opt.load_state_dict(opt_state["optimizer"])
+    sched.load_state_dict(opt_state["scheduler"])
+    return json.loads((ck / "state.json").read_text())
+
+
+def _batches(examples: list[Example], cfg: TrainConfig, epoch: int, rank: int, world: int) -> list[list[int]]:
+    all_b = token_batches(examples, cfg.batch_tokens, cfg.seed + epoch)
+    n = len(all_b) // world * world or len(all_b)  # equal counts per process
+    return all_b[rank:n:world]
+
+
+def train(cfg: TrainConfig, log=print) -> dict:
+    """Run (or resume) training; returns the final summary (also written to OUT/train_summary.json)."""
+    from accelerate import Accelerator
+
+    from eyas.models.loading import load_target
+    from eyas.train.objectives import build_objective, export_head
+
+    gpu = torch.cuda.is_available()
+    if cfg.target_dtype == "auto":
+        cfg.target_dtype = "bfloat16" if gpu else "float32"
+    if cfg.mixed_precision == "auto":
+        cfg.mixed_precision = "bf16" if gpu else "no"
+    acc = Accelerator(mixed_precision=cfg.mixed_precision, cpu=not gpu)
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    loaded = load_target(cfg.model, cfg.target_dtype)
+    target = loaded.model.to(acc.device).requires_grad_(False)
+    examples = load_examples(cfg.data, loaded.tokenizer, cfg.max_len)
+    train_ex, hold_ex = split_holdout(examples, min(cfg.holdout, len(examples) // 10))
+    objective = build_objective(cfg, target, train_ex)
+    head = objective.module.to(acc.device)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    per_epoch = len(_batches(train_ex, cfg, 0, acc.process_index, acc.num_processes))
+    total = cfg.max_steps or max(1, int(per_epoch * cfg.epochs))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg, total))
+    state = load_checkpoint(out, head, opt, sched) or {"step": 0, "epoch": 0, "batch": 0, "tokens": 0, "seconds": 0.0}
+    if state["step"]:
+        log(f"resuming from {out / 'checkpoint'} at step {state['step']} (epoch {state['epoch']}, batch {state['batch']})")
+    wrapped, opt = acc.prepare(_Wrapped(objective), opt)
+    featurize = _feature_source(cfg, target, objective)
+    (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
+    history = out / "train_log.jsonl"
+    bar = tqdm(total=total, initial=state["step"], desc=f"train {cfg.kind}", disable=not acc.is_main_process)
+    t0 = time.time() - state["seconds"]
+    while state["step"] < total:
+        batches = _batches(train_ex, cfg, state["epoch"], acc.process_index, acc.num_processes)
+        for bi in range(state["batch"], len(batches)):
+            batch = featurize([train_ex[i] for i in batches[bi]])
+            with acc.autocast():
+                loss, stats = wrapped(batch)
+            acc.backward(loss)
+            acc.clip_grad_norm_(params, cfg.grad_clip)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            state.update(step=state["step"] + 1, batch=bi + 1, tokens=state["tokens"] + int(batch.loss_mask.sum()),
+                         seconds=time.time() - t0)
+            bar.update(1)
+            bar.set_postfix(loss=f"{stats['loss']:.3f}", acc0=f"{stats.get('acc0', 0):.3f}",
+                            tok_s=f"{state['tokens'] / state['seconds']:.0f}")
+            _log_step(acc, history, state, stats, sched)
+            if acc.is_main_process and state["step"] % cfg.eval_every == 0:
+                _evaluate(cfg, objective, target, hold_ex, state, history, log)
+            if acc.is_main_process and (state["step"] % cfg.save_every == 0 or state["step"] >= total):
+                save_checkpoint(out, acc.unwrap_model(wrapped).head, opt, sched, state)
+            if state["step"] >= total:
+                break
+        else:
+            state.update(epoch=state["epoch"] + 1, batch=0)
+    bar.close()
+    summary = {"steps": state["step"], "tokens": state["tokens"], "seconds": round(state["seconds"], 1)}
+    if acc.is_main_process:
+        summary["eval"] = _evaluate(cfg, objective, target, hold_ex, state, history, log)
+        export_head(cfg, objective, loaded, out / "head")
+        summary["head"] = str(out / "head")
+        (out / "train_summary.json").write_text(json.dumps(summary, indent=1))
+        log(f"trained {cfg.kind} head: {summary}")
+    acc.wait_for_everyone()
+    return summary
+
+
+def _feature_source(cfg: TrainConfig, target, objective):
+    """list[Example] -> FeatureBatch: online (target in the loop) or from the offline cache."""
+    f = TargetFeaturizer(target, objective.taps)
+    if cfg.feature_cache:
+        from eyas.train.cache import FeatureCache
+
+        return FeatureCache(cfg.feature_cache, f)
+
+    def online(examples: list[Example]):
+        b = collate(examples)
+        return f(b["input_ids"], b["attention_mask"], b["loss_mask"])
+
+    return online
+
+
+def _log_step(acc, history: Path, state: dict, stats: dict, sched) -> None:
+    if acc.is_main_process and (state["step"] % 10 == 0 or state["step"] == 1):
+        rec = {"step": state["step"], "tokens": state["tokens"], "seconds": round(state["seconds"], 1),
+               "lr": sched.get_last_lr()[0], **{k: round(v, 4) for k, v in stats.items()}}
+        with history.open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+
+def _evaluate(cfg, objective, target, hold_ex, state, history: Path, log) -> dict:
+    from eyas.train.objectives import eval_acceptance
+
+    if not hold_ex:
+        return {}
+    res = eval_acceptance(cfg, objective, target, hold_ex)
+    rec = {"step": state["step"], "tokens": state["tokens"], "seconds": round(state["seconds"], 1), "eval": res}
+    with history.open("a") as f:
+        f.write(json.dumps(rec) + "\n")
+    log(f"step {state['step']}: held-aside acceptance {res}")
+    return res

@@ -1,0 +1,102 @@
+"""Build, evaluate and export the trainable head of each drafter kind."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+
+from eyas.train.dataset import Example, draft_vocab
+
+
+def build_objective(cfg, target, train_ex: list[Example]):
+    """TrainConfig + frozen target -> objective with ``module`` (trainable head), ``taps``, ``loss``."""
+    tc = target.config
+    if cfg.kind == "eagle3":
+        from eyas.drafters.eagle3 import Eagle3Config, Eagle3Head
+        from eyas.train.eagle3 import Eagle3LossConfig, Eagle3Objective
+
+        size = cfg.draft_vocab or tc.vocab_size
+        ids, coverage = draft_vocab(train_ex, tc.vocab_size, size)
+        head = Eagle3Head(Eagle3Config.for_target(tc, size))
+        head.set_draft_vocab(ids)
+        _init_from_target(head, target)
+        head.coverage = coverage
+        obj = Eagle3Objective(head.float(), target, Eagle3LossConfig(cfg.ttt_steps, cfg.decay))
+        obj.taps = head.cfg.aux_layers
+        return obj
+    if cfg.kind == "eagle1":
+        from eyas.drafters.eagle import EagleHead
+        from eyas.models.config import ModelConfig
+        from eyas.train.eagle1 import Eagle1Objective
+
+        head = EagleHead(ModelConfig(**{**tc.__dict__, "num_layers": 1}))
+        return Eagle1Objective(head.float(), target)
+    if cfg.kind == "medusa":
+        from eyas.train.medusa_loss import MedusaLossConfig, MedusaObjective
+
+        obj = MedusaObjective(target, MedusaLossConfig(num_heads=cfg.medusa_heads), target_name=cfg.model or "")
+        obj.taps = ()
+        return obj
+    raise ValueError(f"unknown drafter kind {cfg.kind!r} to train; choose eagle3, eagle1 or medusa")
+
+
+@torch.no_grad()
+def _init_from_target(head, target) -> None:
+    """Start the draft lm_head / final norm from the target's own rows: the head begins as a
+    next-token predictor in the target's output space."""
+    ids = head.draft_ids().to(target.device)
+    head.lm_head.weight.copy_(target.lm_head_proj.weight[ids].float())
+    head.norm.weight.copy_(target.model.norm.weight.float())
+
+
+def eval_drafter(kind: str, head, target, tree: str):
+    """An inference drafter around a copy of the head in the target's dtype."""
+    h = copy.deepcopy(head).to(target.dtype).eval().requires_grad_(False)
+    if kind == "eagle3":
+        from eyas.drafters.eagle3 import Eagle3Drafter
+
+        return Eagle3Drafter(target_model=target, head=h, tree=tree)
+    if kind == "eagle1":
+        from eyas.drafters.eagle import EagleDrafter
+
+        return EagleDrafter(target_model=target, head=h, tree=tree)
+    from eyas.drafters.medusa import MedusaDrafter
+
+    return MedusaDrafter(target_model=target, heads=h, tree=tree)
+
+
+def eval_acceptance(cfg, objective, target, hold_ex: list[Example]) -> dict:
+    """Greedy generation on held-aside prompts: tau = 1 + accepted / steps (vLLM's definition)."""
+    from eyas.decode import DecodeConfig, SpecDecoder
+
+    was_training = objective.module.training
+    drafter = eval_drafter(cfg.kind, objective.module, target, cfg.eval_tree)
+    steps = accepted = 0
+    for ex in hold_ex:
+        first = int(ex.loss_mask.nonzero()[0]) + 1 if ex.loss_mask.any() else ex.input_ids.shape[0]
+        dec = SpecDecoder(target, drafter, DecodeConfig(max_new_tokens=cfg.eval_tokens))
+        for _ in dec.generate(ex.input_ids[:first].to(target.device)):
+            pass
+        steps += dec.stats.steps
+        accepted += dec.stats.accepted
+    objective.module.train(was_training)
+    return {"tau": round(1 + accepted / max(steps, 1), 3), "prompts": len(hold_ex), "steps": steps}
+
+
+def export_head(cfg, objective, loaded, out: Path) -> None:
+    """Write the trained head in the layout other engines load (see eyas.formats)."""
+    head = objective.module
+    name = loaded.name
+    if cfg.kind == "eagle3":
+        from eyas.formats.eagle3 import save_eagle3
+
+        save_eagle3(head, out, target_name=name)  # LlamaForCausalLMEagle3: vLLM, SGLang, TensorRT-LLM
+        save_eagle3(head, out.with_name(out.name + "_speculators"), target_name=name, speculators=True)
+    elif cfg.kind == "eagle1":
+        from eyas.formats.eagle1 import save_eagle1
+
+        save_eagle1(head, out, target_name=name)
+    else:
+        objective.save(out)

@@ -1,0 +1,89 @@
+"""The whole pipeline on a small slice of the embedded model: train -> checkpoint -> resume
+(also after SIGKILL) -> export -> the exported head drafts losslessly through `eyas generate`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from eyas.cli import main
+
+pytestmark = pytest.mark.slow
+
+QUESTIONS = ["What is the capital of France?", "Name three colors.", "Write a haiku about rain.",
+             "What is 2+2?", "Explain gravity briefly.", "List two fruits.", "Say hello in Spanish.",
+             "What is water made of?", "Give a synonym for happy.", "Count to five."]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, default_target) -> Path:
+    p = tmp_path_factory.mktemp("distill") / "d.jsonl"
+    recs = [{"id": f"t:{i}", "messages": [{"role": "user", "content": q},
+                                          {"role": "assistant", "content": f"A short answer to: {q.lower()}"}]}
+            for i, q in enumerate(QUESTIONS)]
+    p.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return p
+
+
+def _args(data: Path, out: Path, steps: int, kind: str = "eagle3") -> list[str]:
+    return ["train", "--data", str(data), "--out", str(out), "--kind", kind, "--max-steps", str(steps),
+            "--draft-vocab", "256", "--batch-tokens", "256", "--max-len", "96", "--save-every", "1",
+            "--eval-every", "1000", "--holdout", "1", "--eval-tokens", "8", "--warmup-steps", "1",
+            "--target-dtype", "float32", "--mixed-precision", "no"]
+
+
+def _state(out: Path) -> dict:
+    return json.loads((out / "checkpoint" / "state.json").read_text())
+
+
+def test_train_resume_and_export(data, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(_args(data, out, 2)) == 0
+    assert _state(out)["step"] == 2
+    assert main(_args(data, out, 3)) == 0  # a longer run picks up the checkpoint
+    assert "resuming from" in capsys.readouterr().out
+    assert _state(out)["step"] == 3
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["steps"] == 3 and summary["eval"]["tau"] >= 1.0
+    head = out / "head"
+    assert (head / "config.json").exists() and (head / "model.safetensors").exists()
+    # the exported head drafts for the target it was trained on, losslessly
+    prompt = QUESTIONS[0]
+    common = ["--max-new-tokens", "24", "--dtype", "float32", "--json"]
+    assert main(["generate", prompt, "--drafter", "none", *common]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(["generate", prompt, "--drafter", str(head), *common]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert spec["token_ids"] == plain["token_ids"]
+
+
+def _poll_step(out: Path) -> int:
+    try:
+        return _state(out)["step"]
+    except (OSError, ValueError):  # not written yet, or being renamed
+        return 0
+
+
+def test_sigkill_loses_at_most_one_checkpoint_interval(data, tmp_path):
+    out = tmp_path / "killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "eyas", *_args(data, out, 50)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and _poll_step(out) < 2:
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    killed_at = _state(out)["step"]
+    assert 2 <= killed_at < 50
+    assert main(_args(data, out, killed_at + 1)) == 0
+    assert _state(out)["step"] == killed_at + 1
