@@ -87,3 +87,19 @@ def test_sigkill_loses_at_most_one_checkpoint_interval(data, tmp_path):
     assert 2 <= killed_at < 50
     assert main(_args(data, out, killed_at + 1)) == 0
     assert _state(out)["step"] == killed_at + 1
+
+
+@pytest.mark.parametrize("kind", ["eagle1", "medusa"])
+def test_other_kinds_train_export_and_draft_losslessly(data, tmp_path, capsys, kind):
+    out = tmp_path / kind
+    extra = ["--medusa-heads", "2"] if kind == "medusa" else []
+    assert main(_args(data, out, 2, kind) + extra) == 0
+    assert json.loads((out / "train_summary.json").read_text())["steps"] == 2
+    head = out / "head"
+    assert (head / "config.json").exists()
+    common = ["--max-new-tokens", "16", "--dtype", "float32", "--json"]
+    assert main(["generate", QUESTIONS[1], "--drafter", "none", *common]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(["generate", QUESTIONS[1], "--drafter", str(head), *common]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert spec["token_ids"] == plain["token_ids"]
