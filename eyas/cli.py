@@ -1,4 +1,4 @@
-"""eyas command line: generate, bench, data (self-distillation), train.
+"""eyas command line: generate, bench, data (self-distillation), train, serve.
 
 eyas generate "PROMPT" [--model M] [--drafter none|ngram|PATH] [--tree ...] [--json]
 eyas bench speed --questions FILE [--limit K] [--drafter ...] [--json OUT]
@@ -152,8 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     from eyas.data.command import add_data_parser
     from eyas.train.command import add_train_parser
 
+    from eyas.serving.command import add_serve_parser
+
     add_data_parser(sub)
     add_train_parser(sub)
+    add_serve_parser(sub)
     return p
 
 

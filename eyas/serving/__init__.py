@@ -1,0 +1,1 @@
+"""HTTP serving: OpenAI- and Triton-compatible endpoints around a Speculator (public API only)."""

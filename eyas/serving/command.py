@@ -1,0 +1,81 @@
+"""``eyas serve``: an OpenAI- and Triton-compatible HTTP server around one Speculator.
+
+eyas serve                                         # embedded SmolLM2 + its default drafter, 127.0.0.1:8000
+eyas serve --model ./Llama-3.1-8B-Instruct --drafter ./EAGLE3-head --port 9000 --max-queue 128
+
+Endpoints: GET /health, /metrics, /v1/models; POST /v1/completions, /v1/chat/completions,
+/v2/models/NAME/generate and /v2/models/NAME/generate_stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_serve_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``serve`` subcommand to an argparse subparsers object; returns its parser."""
+    p = subparsers.add_parser(
+        "serve",
+        help="serve a model over HTTP (OpenAI and Triton generate APIs)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--model", default=None, help="HF model dir, .gguf file or hub id (default: embedded SmolLM2)"
+    )
+    p.add_argument("--drafter", default="default", help="none, ngram, draft, eagle, or a path to a head")
+    p.add_argument("--tree", default=None, help="draft tree spec, as for `eyas generate --tree`")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--backend", default="native", choices=["native", "hf"])
+    p.add_argument(
+        "--served-model-name", default=None, help="name clients send as `model` (default: from --model)"
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-queue", type=int, default=64, help="requests waiting before new ones get HTTP 429")
+    p.add_argument(
+        "--max-tokens-limit", type=int, default=2048, help="largest max_tokens a request may ask for"
+    )
+    p.add_argument(
+        "--max-prompt-tokens", type=int, default=None, help="longest prompt (default: the context)"
+    )
+    p.set_defaults(func=cmd_serve)
+    return p
+
+
+def served_name(model: str | None) -> str:
+    """Default public model name: a local dir's or .gguf file's name, else --model as given (a hub id)."""
+    if model is None:
+        return "SmolLM2-135M-Instruct"
+    path = Path(model)
+    if not path.exists():
+        return model
+    name = path.resolve().name
+    return name[: -len(".gguf")] if name.endswith(".gguf") else name
+
+
+def cmd_serve(a: argparse.Namespace) -> int:
+    for flag, v in (
+        ("--max-queue", a.max_queue),
+        ("--max-tokens-limit", a.max_tokens_limit),
+        ("--max-prompt-tokens", 1 if a.max_prompt_tokens is None else a.max_prompt_tokens),
+        ("--port", a.port + 1),
+    ):
+        if v < 1:
+            raise ValueError(f"{flag} must be positive, got {v}")
+    try:
+        import uvicorn
+    except ImportError:
+        raise ValueError("eyas serve needs fastapi and uvicorn: pip install fastapi uvicorn") from None
+    import eyas
+    from eyas.serving.app import create_app
+    from eyas.serving.engine import ServeLimits
+
+    spec = eyas.load(model=a.model, drafter=a.drafter, dtype=a.dtype, backend=a.backend, tree=a.tree)
+    limits = ServeLimits(
+        max_queue=a.max_queue, max_tokens=a.max_tokens_limit, max_prompt_tokens=a.max_prompt_tokens
+    )
+    app = create_app(spec, a.served_model_name or served_name(a.model), limits)
+    uvicorn.run(app, host=a.host, port=a.port, log_level="info")
+    return 0

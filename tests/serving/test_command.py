@@ -1,0 +1,65 @@
+"""``eyas serve`` argument parsing and its user errors (no server is started)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from eyas.serving.command import add_serve_parser, cmd_serve, served_name
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="eyas")
+    add_serve_parser(p.add_subparsers(dest="cmd", required=True))
+    return p.parse_args(["serve", *argv])
+
+
+def test_defaults():
+    a = _parse()
+    assert (a.model, a.drafter, a.host, a.port, a.max_queue) == (None, "default", "127.0.0.1", 8000, 64)
+    assert a.func is cmd_serve
+
+
+def test_flags():
+    a = _parse(
+        "--model",
+        "m.gguf",
+        "--drafter",
+        "ngram",
+        "--tree",
+        "chain:4",
+        "--dtype",
+        "float32",
+        "--port",
+        "0",
+        "--max-queue",
+        "3",
+        "--max-tokens-limit",
+        "32",
+        "--max-prompt-tokens",
+        "100",
+    )
+    assert (a.tree, a.dtype, a.port, a.max_queue, a.max_tokens_limit, a.max_prompt_tokens) == (
+        "chain:4",
+        "float32",
+        0,
+        3,
+        32,
+        100,
+    )
+
+
+@pytest.mark.parametrize("flag", ["--max-queue", "--max-tokens-limit", "--max-prompt-tokens"])
+def test_non_positive_limits_are_user_errors(flag):
+    with pytest.raises(ValueError, match=flag):
+        cmd_serve(_parse(flag, "0"))
+
+
+def test_served_name(tmp_path):
+    assert served_name(None) == "SmolLM2-135M-Instruct"
+    assert served_name("HuggingFaceTB/SmolLM2-360M-Instruct") == "HuggingFaceTB/SmolLM2-360M-Instruct"
+    (tmp_path / "Llama-3.1-8B-Instruct").mkdir()
+    (tmp_path / "smol.q8.gguf").write_bytes(b"")
+    assert served_name(str(tmp_path / "Llama-3.1-8B-Instruct") + "/") == "Llama-3.1-8B-Instruct"
+    assert served_name(str(tmp_path / "smol.q8.gguf")) == "smol.q8"

@@ -1,0 +1,149 @@
+"""Queue limit (429), cancellation on disconnect and failing requests, on a fake Speculator.
+
+The fake decodes one token per step as slowly as the test wants, so timing-dependent paths
+(a full queue, a client leaving mid-stream) are deterministic and need no model.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import httpx
+import pytest
+import torch
+
+from eyas.decode import StepEvent
+from eyas.types import StepStats
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+
+class FakeTokenizer:
+    def decode(self, ids, skip_special_tokens=True) -> str:
+        return "".join(f"t{i} " for i in ids if i != 0)
+
+
+class FakeDecoder:
+    def __init__(self, spec: FakeSpec, max_new_tokens: int, **_) -> None:
+        self.spec, self.n, self.stats = spec, max_new_tokens, StepStats()
+
+    def generate(self, ids: torch.Tensor):
+        if self.spec.fail:
+            raise RuntimeError("boom")
+        for i in range(self.n):
+            self.spec.gate.wait(10)
+            time.sleep(self.spec.delay)
+            self.spec.steps += 1
+            if i:
+                self.stats.record(2, 1)
+            yield StepEvent(tokens=torch.tensor([i + 1]), num_accepted=min(i, 1), finished=i == self.n - 1)
+
+
+class FakeSpec:
+    tokenizer = FakeTokenizer()
+    target = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(max_position_embeddings=100000)))
+
+    def __init__(self) -> None:
+        self.gate, self.delay, self.steps, self.fail = threading.Event(), 0.0, 0, False
+        self.gate.set()
+
+    def encode(self, prompt, chat: bool = True) -> torch.Tensor:
+        return torch.arange(3)
+
+    def stop_ids(self) -> tuple[int, ...]:
+        return (0,)
+
+    def decoder(self, **params) -> FakeDecoder:
+        return FakeDecoder(self, **params)
+
+
+@pytest.fixture(scope="module")
+def fake(launch):
+    from eyas.serving.app import create_app
+    from eyas.serving.engine import ServeLimits
+
+    spec = FakeSpec()
+    url = launch(create_app(lambda: spec, "fake", ServeLimits(max_queue=1, max_tokens=10000)))
+    yield spec, url
+    spec.gate.set()  # never leave the worker blocked at teardown
+
+
+def _post(url, max_tokens=3, stream=False, timeout=30):
+    return httpx.post(
+        url + "/v1/completions",
+        timeout=timeout,
+        json={"model": "fake", "prompt": "p", "max_tokens": max_tokens, "stream": stream},
+    )
+
+
+def _running(url) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith("eyas:num_requests_running "):
+            return float(line.split()[1])
+    raise AssertionError("no running gauge")
+
+
+def test_fake_roundtrip(fake):
+    spec, url = fake
+    d = _post(url).json()
+    assert d["choices"][0]["text"] == "t1 t2 t3 " and d["usage"]["completion_tokens"] == 3
+    assert (
+        d["eyas"]["drafted"] == 4 and d["eyas"]["accepted"] == 2 and d["eyas"]["mean_accepted_length"] == 2.0
+    )
+
+
+def test_queue_full_is_429(fake):
+    spec, url = fake
+    spec.gate.clear()  # the worker blocks inside the first request
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(_post(url))) for _ in range(2)]
+    threads[0].start()
+    deadline = time.monotonic() + 10
+    while _running(url) < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    threads[1].start()  # waits in the queue (max_queue=1)
+    time.sleep(0.3)
+    r = _post(url)
+    assert r.status_code == 429, r.text
+    err = r.json()["error"]
+    assert "--max-queue" in err["message"] and "1 waiting" in err["message"] and err["code"] == "queue_full"
+    spec.gate.set()
+    for t in threads:
+        t.join(30)
+    assert [x.status_code for x in results] == [200, 200]
+
+
+def test_disconnect_cancels(fake):
+    spec, url = fake
+    spec.delay, before = 0.01, spec.steps
+    with httpx.stream(
+        "POST",
+        url + "/v1/completions",
+        timeout=30,
+        json={"model": "fake", "prompt": "p", "max_tokens": 5000, "stream": True},
+    ) as r:
+        lines = r.iter_lines()
+        while not next(lines).startswith("data: "):
+            pass
+    time.sleep(0.5)
+    stopped_at = spec.steps
+    time.sleep(0.3)
+    spec.delay = 0.0
+    assert spec.steps == stopped_at < before + 1000, "the worker kept decoding after the client left"
+    assert _post(url).status_code == 200  # the slot is free
+    abort = [ln for ln in httpx.get(url + "/metrics").text.splitlines() if 'finished_reason="abort"' in ln]
+    assert abort and float(abort[0].split()[-1]) >= 1
+
+
+def test_failure_is_500_and_server_stays_up(fake):
+    spec, url = fake
+    spec.fail = True
+    try:
+        r = _post(url)
+    finally:
+        spec.fail = False
+    assert r.status_code == 500 and "boom" in r.json()["error"]["message"]
+    assert _post(url).status_code == 200
