@@ -34,6 +34,9 @@ class QuestionResult:
     hf_tps: float | None = None
     hf_lookup_tps: float | None = None
     hf_lookup_identical: bool | None = None
+    steps: int = 0  # target forwards after prefill (speculative run)
+    draft_seconds: float = 0.0  # time inside the drafter (propose + extend) in the speculative run
+    spec_seconds: float = 0.0
 
     @property
     def speedup(self) -> float:
@@ -58,6 +61,12 @@ class SpeedReport:
             "identical": f"{sum(r.identical for r in q)}/{len(q)}",
             "token_agreement": sum(r.agreement for r in q) / len(q),
         }
+        steps = sum(r.steps for r in q)
+        if steps:  # where a speculative step's time goes: drafting vs the rest (verify forward, commit)
+            draft_s = sum(r.draft_seconds for r in q)
+            out.update({"draft_ms_per_step": 1000 * draft_s / steps,
+                        "verify_commit_ms_per_step": 1000 * (sum(r.spec_seconds for r in q) - draft_s) / steps,
+                        "plain_ms_per_token": 1000 * plain_s / tokens})
         if q[0].exact_plain_tps is not None:
             ex_s = sum(r.new_tokens / r.exact_plain_tps for r in q)
             out.update({"exact_plain_tokens_per_second": tokens / ex_s, "exact_mode_cost": ex_s / plain_s})
@@ -109,18 +118,48 @@ class HFPeer:
         return out[0, ids.shape[0]:].tolist(), dt
 
 
+class _DraftClock:
+    """Times the drafter's propose + extend calls (instance-level wrappers, removed on exit)."""
+
+    def __init__(self, drafter) -> None:
+        self.drafter, self.seconds = drafter, 0.0
+
+    def _wrap(self, fn):
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.seconds += time.perf_counter() - t0
+
+        return timed
+
+    def __enter__(self) -> _DraftClock:
+        if self.drafter is not None:
+            for name in ("propose", "extend"):
+                setattr(self.drafter, name, self._wrap(getattr(self.drafter, name)))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.drafter is not None:
+            for name in ("propose", "extend"):
+                self.drafter.__dict__.pop(name, None)
+
+
 def bench_question(spec, q: dict, params: dict, hf: HFPeer | None) -> QuestionResult:
     """Plain (fastest mode), plain in exact mode when on, and speculative, back to back."""
     prompt = q["turns"][0]
     plain = spec.generate(prompt, speculate=False, exact=False, **params)
     ref = spec.generate(prompt, speculate=False, **params) if spec.exact else plain
-    fast = spec.generate(prompt, **params)
+    with _DraftClock(spec.drafter) as clock:
+        fast = spec.generate(prompt, **params)
     res = QuestionResult(
         question_id=q.get("question_id"), new_tokens=plain.new_tokens,
         plain_tps=plain.tokens_per_second, spec_tps=fast.new_tokens / fast.seconds,
         mean_accepted=fast.mean_accepted, identical=ref.token_ids == fast.token_ids,
         agreement=_agreement(ref.token_ids, fast.token_ids),
         exact_plain_tps=ref.tokens_per_second if spec.exact else None,
+        steps=fast.steps, draft_seconds=clock.seconds, spec_seconds=fast.seconds,
     )
     if hf is not None:
         ids = spec.encode(prompt)

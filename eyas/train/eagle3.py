@@ -73,16 +73,43 @@ class TTTAttention:
         return a.o_proj(y.transpose(1, 2).reshape(b, t, a.h * a.dh))
 
 
+@torch.no_grad()
+def fit_tap_scale(taps: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """taps: [N, L, H] sample of tap features -> [L * H] scale 1 / rms per feature.
+
+    Llama-family residual streams carry a few "massive activation" channels (SmolLM2-135M:
+    two channels near 2.5e4 against a typical 1e0-1e1 at the middle and late taps). Fed raw to
+    fc, they dominate its output and its gradients and the head learns slowly. Training uses
+    fc(taps * scale); ``folded`` multiplies the scale into fc's columns, so the exported head
+    is an ordinary EAGLE-3 head (same function, engine layout unchanged).
+    """
+    x = taps.flatten(-2).float()
+    return torch.rsqrt(x.pow(2).mean(0) + eps)
+
+
 class Eagle3Objective:
     """Trains an Eagle3Head against a frozen target (embeddings and lm_head from the target)."""
 
-    def __init__(self, head: Eagle3Head, target, cfg: Eagle3LossConfig | None = None) -> None:
+    def __init__(self, head: Eagle3Head, target, cfg: Eagle3LossConfig | None = None,
+                 tap_scale: torch.Tensor | None = None) -> None:
         self.module = head
         self.target = target
         self.cfg = cfg or Eagle3LossConfig()
+        # [L * H_target] fixed per-feature input scale of fc (see fit_tap_scale); folded into fc on export
+        n = head.fc.weight.shape[1]
+        self.tap_scale = (tap_scale if tap_scale is not None else torch.ones(n)).float().to(head.fc.weight.device)
         ids = head.draft_ids()
         # [Vd, D] the target's output rows of the draft vocabulary (labels), frozen
         self.label_rows = target.lm_head_proj.weight.detach()[ids.to(target.device)]
+
+    @torch.no_grad()
+    def folded(self) -> Eagle3Head:
+        """A copy of the head with the input scale folded into fc: what inference and export use."""
+        import copy
+
+        h = copy.deepcopy(self.module)
+        h.fc.weight.mul_(self.tap_scale.to(h.fc.weight)[None, :])
+        return h
 
     def labels(self, batch: FeatureBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """-> target probs over the draft vocab [B, T, Vd] (fp32), and [B, T] bool 'label in draft vocab'."""
@@ -102,7 +129,7 @@ class Eagle3Objective:
         b, t = batch.input_ids.shape
         pos = torch.arange(t, device=emb.device)[None].expand(b, t)
         attn = TTTAttention(head.midlayer.self_attn)
-        hid = head.fuse(batch.taps)  # [B, T, H]
+        hid = F.linear(batch.taps.flatten(-2).to(dt) * self.tap_scale.to(dt), head.fc.weight)  # [B, T, H]
         total = emb.new_zeros((), dtype=torch.float32)
         stats: dict[str, float] = {}
         draft_tokens = head.draft_ids()

@@ -23,7 +23,8 @@ def build_objective(cfg, target, train_ex: list[Example]):
         head.set_draft_vocab(ids)
         _init_from_target(head, target)
         head.coverage = coverage
-        obj = Eagle3Objective(head.float(), target, Eagle3LossConfig(cfg.ttt_steps, cfg.decay))
+        scale = _tap_scale(target, head.cfg.aux_layers, train_ex)
+        obj = Eagle3Objective(head.float(), target, Eagle3LossConfig(cfg.ttt_steps, cfg.decay), tap_scale=scale)
         obj.taps = head.cfg.aux_layers
         return obj
     if cfg.kind == "eagle1":
@@ -40,6 +41,23 @@ def build_objective(cfg, target, train_ex: list[Example]):
         obj.taps = ()
         return obj
     raise ValueError(f"unknown drafter kind {cfg.kind!r} to train; choose eagle3, eagle1 or medusa")
+
+
+@torch.no_grad()
+def _tap_scale(target, taps, train_ex: list[Example], n: int = 16) -> torch.Tensor:
+    """Per-feature 1/rms of the tap features over the first n training examples (deterministic)."""
+    from eyas.train.dataset import collate
+    from eyas.train.eagle3 import fit_tap_scale
+    from eyas.train.features import TargetFeaturizer
+
+    b = collate(train_ex[:n])
+    fb = TargetFeaturizer(target, taps)(b["input_ids"], b["attention_mask"], b["loss_mask"])
+    return fit_tap_scale(fb.taps[fb.attention_mask].cpu())
+
+
+def _inference_head(objective):
+    """The head as inference sees it (EAGLE-3: input scale folded into fc)."""
+    return objective.folded() if hasattr(objective, "folded") else objective.module
 
 
 @torch.no_grad()
@@ -72,7 +90,7 @@ def eval_acceptance(cfg, objective, target, hold_ex: list[Example]) -> dict:
     from eyas.decode import DecodeConfig, SpecDecoder
 
     was_training = objective.module.training
-    drafter = eval_drafter(cfg.kind, objective.module, target, cfg.eval_tree)
+    drafter = eval_drafter(cfg.kind, _inference_head(objective), target, cfg.eval_tree)
     steps = accepted = 0
     for ex in hold_ex:
         first = int(ex.loss_mask.nonzero()[0]) + 1 if ex.loss_mask.any() else ex.input_ids.shape[0]
@@ -87,7 +105,7 @@ def eval_acceptance(cfg, objective, target, hold_ex: list[Example]) -> dict:
 
 def export_head(cfg, objective, loaded, out: Path) -> None:
     """Write the trained head in the layout other engines load (see eyas.formats)."""
-    head = objective.module
+    head = _inference_head(objective)
     name = loaded.name
     if cfg.kind == "eagle3":
         from eyas.formats.eagle3 import save_eagle3

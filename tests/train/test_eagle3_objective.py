@@ -79,3 +79,20 @@ def test_objective_overfits_a_small_batch(tiny):
     assert stats["loss"] - floor < 0.5 * (first["loss"] - floor), (first, stats, floor)
     assert stats["acc0"] > first["acc0"] + 0.3
     assert set(stats) >= {"acc0", "acc1", "acc2", "loss0", "loss"}
+
+
+def test_tap_scale_folds_into_fc(tiny):
+    """Training's fc(taps * scale) equals the exported head's plain fc(taps)."""
+    from eyas.train.eagle3 import fit_tap_scale
+
+    target = tiny.native("llama", seed=0)
+    head = random_eagle3_head(target.config, draft_vocab_size=64, seed=2)
+    batch = _batch(target, head, n=12, b=2)
+    taps = batch.taps.clone()
+    taps[..., 3] *= 1000.0  # a massive-activation channel
+    scale = fit_tap_scale(taps.flatten(0, 1))
+    assert scale.shape == (taps.shape[-2] * taps.shape[-1],) and scale[3] < 1e-2 * scale[4]
+    obj = Eagle3Objective(head, target, tap_scale=scale)
+    trained = torch.nn.functional.linear(taps.flatten(-2) * scale, head.fc.weight)
+    assert torch.allclose(obj.folded().fuse(taps), trained, rtol=1e-5, atol=1e-5)
+    assert torch.equal(obj.module.fc.weight, head.fc.weight)  # folding works on a copy
