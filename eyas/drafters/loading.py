@@ -70,7 +70,17 @@ def _from_path(p: Path, spec: DrafterSpec, target) -> Drafter:
     if not any(p.glob("*.safetensors")) and not any(p.glob("pytorch_model*.bin")):
         raise DrafterLoadError(f"drafter path {p} has no weights: expected model.safetensors or pytorch_model.bin")
     kind = detect_kind(p)
-    return get_drafter_factory(kind)(target=target, path=p, tree=spec.tree, **spec.options)
+    return get_drafter_factory(kind)(target=target, path=p, tree=spec.tree or recommended_tree(p), **spec.options)
+
+
+def recommended_tree(p: Path) -> str | None:
+    """The tree a head directory recommends (``eyas.json``: {"tree": ...}), used when --tree is not given."""
+    f = p / "eyas.json"
+    if not f.exists():
+        return None
+    import json
+
+    return json.loads(f.read_text()).get("tree")
 
 
 def detect_kind(p: Path) -> str:

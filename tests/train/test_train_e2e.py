@@ -95,6 +95,7 @@ def test_other_kinds_train_export_and_draft_losslessly(data, tmp_path, capsys, k
     extra = ["--medusa-heads", "2"] if kind == "medusa" else []
     assert main(_args(data, out, 2, kind) + extra) == 0
     assert json.loads((out / "train_summary.json").read_text())["steps"] == 2
+    capsys.readouterr()  # drop the training log
     head = out / "head"
     assert (head / "config.json").exists()
     common = ["--max-new-tokens", "16", "--dtype", "float32", "--json"]
