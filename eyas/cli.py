@@ -150,9 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s.set_defaults(func=cmd_speed)
     from eyas.data.command import add_data_parser
-    from eyas.train.command import add_train_parser
-
     from eyas.serving.command import add_serve_parser
+    from eyas.train.command import add_train_parser
 
     add_data_parser(sub)
     add_train_parser(sub)

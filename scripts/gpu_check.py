@@ -1,6 +1,6 @@
 """Greedy losslessness of every drafter on a CUDA device (tiny random Llama; not part of CI).
 
-    python scripts/gpu_check.py            # prints one line per case, exits 1 on a mismatch
+python scripts/gpu_check.py            # prints one line per case, exits 1 on a mismatch
 """
 
 from __future__ import annotations

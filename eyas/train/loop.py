@@ -157,6 +157,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
     history = out / "train_log.jsonl"
     bar = tqdm(total=total, initial=state["step"], desc=f"train {cfg.kind}", disable=not acc.is_main_process)
     t0 = time.time() - state["seconds"]
+    last_eval: tuple[int, dict] = (-1, {})
     while state["step"] < total:
         batches = _batches(train_ex, cfg, state["epoch"], acc.process_index, acc.num_processes)
         for bi in range(state["batch"], len(batches)):
@@ -175,7 +176,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
                             tok_s=f"{state['tokens'] / state['seconds']:.0f}")
             _log_step(acc, history, state, stats, sched)
             if acc.is_main_process and state["step"] % cfg.eval_every == 0:
-                _evaluate(cfg, objective, target, hold_ex, state, history, log)
+                last_eval = (state["step"], _evaluate(cfg, objective, target, hold_ex, state, history, log))
             if acc.is_main_process and (state["step"] % cfg.save_every == 0 or state["step"] >= total):
                 save_checkpoint(out, acc.unwrap_model(wrapped).head, opt, sched, state)
             if state["step"] >= total:
@@ -185,7 +186,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
     bar.close()
     summary = {"steps": state["step"], "tokens": state["tokens"], "seconds": round(state["seconds"], 1)}
     if acc.is_main_process:
-        summary["eval"] = _evaluate(cfg, objective, target, hold_ex, state, history, log)
+        done = last_eval[0] == state["step"]
+        summary["eval"] = last_eval[1] if done else _evaluate(cfg, objective, target, hold_ex, state, history, log)
         export_head(cfg, objective, loaded, out / "head")
         summary["head"] = str(out / "head")
         (out / "train_summary.json").write_text(json.dumps(summary, indent=1))

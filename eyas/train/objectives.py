@@ -63,7 +63,8 @@ def _inference_head(objective):
 @torch.no_grad()
 def _init_from_target(head, target) -> None:
     """Start the draft lm_head / final norm from the target's own rows: the head begins as a
-    next-token predictor in the target's output space."""
+    next-token predictor in the target's output space.
+    """
     ids = head.draft_ids().to(target.device)
     head.lm_head.weight.copy_(target.lm_head_proj.weight[ids].float())
     head.norm.weight.copy_(target.model.norm.weight.float())
