@@ -83,7 +83,9 @@ def eval_drafter(kind: str, head, target, tree: str):
         return EagleDrafter(target_model=target, head=h, tree=tree)
     from eyas.drafters.medusa import MedusaDrafter
 
-    return MedusaDrafter(target_model=target, heads=h, tree=tree)
+    # a Medusa tree is at most as deep as there are heads: keep only the kind of the eval tree
+    # (bare "dynamic" = top-k 8, depth min(6, heads))
+    return MedusaDrafter(target_model=target, heads=h, tree=tree.partition(":")[0])
 
 
 def eval_acceptance(cfg, objective, target, hold_ex: list[Example]) -> dict:
