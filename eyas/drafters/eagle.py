@@ -20,6 +20,7 @@ from torch import nn
 
 from eyas.drafters.base import Drafter, TargetFeatures, register_drafter
 from eyas.drafters.expansion import Feed, make_expansion
+from eyas.formats import read_weights, weight_keys
 from eyas.kv.static import KVCache
 from eyas.models.base import causal_mask
 from eyas.models.config import ModelConfig
@@ -67,36 +68,15 @@ def head_config_from_json(cfg: dict) -> tuple[ModelConfig, bool]:
     return ModelConfig.from_hf(c), bool(cfg.get("bias", True))
 
 
-def _read_head_weights(p: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    st = p / "model.safetensors"
-    if st.exists():
-        return load_file(str(st))
-    b = p / "pytorch_model.bin"
-    if b.exists():
-        return torch.load(b, map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {p}")
-
-
 def looks_like_eagle_dir(p: Path) -> bool:
-    st, b = p / "model.safetensors", p / "pytorch_model.bin"
-    if st.exists():
-        from safetensors import safe_open
-
-        with safe_open(str(st), "pt") as f:  # key names only, no tensor reads
-            keys = set(f.keys())
-    elif b.exists():
-        keys = _read_head_weights(p).keys()
-    else:
-        return False
+    keys = weight_keys(p)  # key names only, no tensor reads
     return "fc.weight" in keys and any(k.startswith("layers.0.") for k in keys)
 
 
 def load_eagle_head(p: Path, target_cfg: ModelConfig, dtype: torch.dtype) -> EagleHead:
     """Load a reference-layout head and check it fits the target."""
     cfg, bias = head_config_from_json(json.loads((p / "config.json").read_text()))
-    sd = _read_head_weights(p)
+    sd = read_weights(p)
     fc = sd.get("fc.weight")
     if fc is None:
         raise HeadMismatchError(f"{p} is not an EAGLE head: no fc.weight")
