@@ -232,6 +232,15 @@ def _turns(record: dict) -> list[list[dict]]:
     return [_user(t) for t in record["turns"]]
 
 
+def chat_messages(record: dict) -> list[dict] | None:
+    """A chat record's messages, assistant turns included, in the OpenAI shape (None: not a chat record)."""
+    if "messages" in record:
+        return [_openai_message(m) for m in record["messages"]]
+    if "conversations" in record:
+        return [_sharegpt_message(m) for m in record["conversations"]]
+    return None
+
+
 def _sharegpt_message(m: dict) -> dict:
     role = _SHAREGPT_ROLES.get(str(m["from"]).lower())
     if role is None:

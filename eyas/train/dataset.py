@@ -17,8 +17,7 @@ from pathlib import Path
 
 import torch
 
-_SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
-
+from eyas.data.sources import chat_messages
 
 @dataclass
 class Example:
@@ -41,10 +40,10 @@ def read_conversations(paths: list[str | Path]) -> list[dict]:
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            msgs = rec.get("messages")
-            if msgs is None and "conversations" in rec:
-                msgs = [{"role": _SHAREGPT_ROLES.get(m.get("from"), "user"), "content": m.get("value", "")}
-                        for m in rec["conversations"]]
+            try:
+                msgs = chat_messages(rec) if isinstance(rec, dict) else None
+            except (KeyError, ValueError) as e:
+                raise ValueError(f"{p}:{i + 1}: {e}") from None
             if msgs and any(m.get("role") == "assistant" for m in msgs):
                 out.append({"id": str(rec.get("id", f"{p.name}:{i}")), "messages": msgs})
     return out
