@@ -58,16 +58,21 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x, rope, cache: KVCache, layer: int, start: int, mask, kv_len: int):
-        """x: [B, T, D]; rope: (cos, sin) [B, 1, T, Dh]; mask: [B, 1, T, S] bool or None."""
+    def project(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: [B, T, D_in] -> q [B, H, T, Dh], k, v [B, Hk, T, Dh] (q/k normed when qk_norm, RoPE applied)."""
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.h, self.dh)
         k = self.k_proj(x).view(b, t, self.hk, self.dh)
         v = self.v_proj(x).view(b, t, self.hk, self.dh)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = (z.transpose(1, 2) for z in (q, k, v))  # [B, H(k), T, Dh]
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))
+        return apply_rope(q, *rope), apply_rope(k, *rope), v
+
+    def forward(self, x, rope, cache: KVCache, layer: int, start: int, mask, kv_len: int):
+        """x: [B, T, D]; rope: (cos, sin) [B, 1, T, Dh]; mask: [B, 1, T, S] bool or None."""
+        b, t, _ = x.shape
+        q, k, v = self.project(x, rope)
         keys, values = cache.update(layer, start, k, v, kv_len)  # [B, Hk, S, Dh]
         y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.hk != self.h)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, self.h * self.dh))

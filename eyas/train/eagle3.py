@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from eyas.drafters.eagle3 import Eagle3Head
-from eyas.models.native import apply_rope, rope_tables
+from eyas.models.native import rope_tables
 from eyas.train.features import FeatureBatch
 
 
@@ -51,13 +51,7 @@ class TTTAttention:
         """x2: [B, T, 2H]; rope: (cos, sin) [B, 1, T, Dh] at positions t + k -> [B, T, H]."""
         a = self.a
         b, t, _ = x2.shape
-        q = a.q_proj(x2).view(b, t, a.h, a.dh)
-        k = a.k_proj(x2).view(b, t, a.hk, a.dh)
-        v = a.v_proj(x2).view(b, t, a.hk, a.dh)
-        if a.q_norm is not None:
-            q, k = a.q_norm(q), a.k_norm(k)
-        q, k, v = (z.transpose(1, 2) for z in (q, k, v))
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k, v = a.project(x2, rope)  # the inference layer's own projections
         rep = a.h // a.hk
         self.keys.append(k.repeat_interleave(rep, dim=1))  # [B, H, T, Dh]
         self.values.append(v.repeat_interleave(rep, dim=1))
