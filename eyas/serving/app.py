@@ -218,6 +218,7 @@ class Server:
             "top_p": p.top_p or 1.0,
             "top_k": max(p.top_k or 0, 0),
             "seed": p.seed,
+            "speculate": p.speculate,
         }
         gen = GenRequest(ids=ids, params=params, stop=stop, loop=asyncio.get_running_loop())
         try:

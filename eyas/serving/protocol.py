@@ -70,6 +70,8 @@ class _Sampling(_Strict):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # eyas extension: false = plain decoding for this request (compare with and without the drafter)
+    speculate: bool = True
     # accepted at their neutral values only (checked in ``unsupported``)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -122,6 +124,7 @@ class TritonParameters(_Strict):
     stop: Stop = None
     stream: bool | None = None
     exclude_input_in_output: bool | None = None
+    speculate: bool = True  # eyas extension, as on the OpenAI endpoints
 
 
 class TritonRequest(_Strict):

@@ -99,3 +99,15 @@ def test_stop_string(client, spec, stream):
         out = client.completions.create(**kwargs)
         text, finish = out.choices[0].text, out.choices[0].finish_reason
     assert text == full[: full.index(stop)] and finish == "stop"
+
+
+def test_speculate_false_decodes_plainly(client, spec):
+    """The eyas extension field ``speculate: false`` turns drafting off for one request; same text."""
+    msgs = [{"role": "user", "content": "Count from one to ten in words."}]
+    on = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=24, temperature=0)
+    off = client.chat.completions.create(
+        model=MODEL, messages=msgs, max_tokens=24, temperature=0, extra_body={"speculate": False}
+    )
+    assert off.choices[0].message.content == on.choices[0].message.content
+    assert off.model_extra["eyas"]["drafted"] == 0
+    assert on.model_extra["eyas"]["drafted"] > 0
