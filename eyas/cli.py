@@ -2,6 +2,7 @@
 
 eyas generate "PROMPT" [--model M] [--drafter none|ngram|PATH] [--tree ...] [--json]
 eyas bench speed --questions FILE [--limit K] [--drafter ...] [--json OUT]
+eyas bench load --url URL [--concurrency 1,4,16] [--compare-speculation] [--json OUT] [--plot PNG]
 """
 
 from __future__ import annotations
@@ -149,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     from eyas.bench.speed import cmd_speed
 
     s.set_defaults(func=cmd_speed)
+    from eyas.bench.load import add_load_parser
+
+    add_load_parser(bsub)
     from eyas.data.command import add_data_parser
     from eyas.serving.command import add_serve_parser
     from eyas.train.command import add_train_parser

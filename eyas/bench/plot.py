@@ -27,3 +27,43 @@ def plot_speed(report: dict, out: str) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
+
+
+_LOAD_PANELS = (
+    ("output_token_throughput", None, "output tokens/s"),
+    ("inter_token_latency_ms", "avg", "inter-token latency (ms, avg)"),
+    ("time_to_first_token_ms", "avg", "time to first token (ms, avg)"),
+)
+
+
+def plot_load(report: dict, out: str) -> None:
+    """`eyas bench load`: throughput, ITL and TTFT against concurrency, one curve per side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(_LOAD_PANELS), figsize=(4.2 * len(_LOAD_PANELS), 3.6))
+    for ax, (key, stat, label) in zip(axes, _LOAD_PANELS, strict=True):
+        for side, levels in report["levels"].items():
+            xs = [lv["concurrency"] for lv in levels]
+            vals = [lv["metrics"][key] for lv in levels]
+            ys = [(v or {}).get(stat) if stat else v for v in vals]
+            ax.plot(xs, [float("nan") if y is None else y for y in ys], "o-", ms=4, label=side)
+        xs = report["config"]["concurrency"]
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    cmp = report.get("comparison")
+    title = f"eyas bench load: {report['sides'][0]['model']}, max_tokens {report['config']['max_tokens']}"
+    if cmp is not None and cmp["break_even_concurrency"] is not None:
+        title += f"; speculation stops paying at concurrency {cmp['break_even_concurrency']}"
+        for ax in axes:
+            ax.axvline(cmp["break_even_concurrency"], color="gray", lw=0.8, ls="--")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
