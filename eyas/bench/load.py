@@ -26,6 +26,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import httpx
 from tqdm import tqdm
 
 from eyas.bench.load_client import Side, measure_level
@@ -102,8 +103,6 @@ def base_url(url: str) -> str:
 
 def served_model(url: str, timeout: float = 30.0) -> str:
     """The first model id of GET URL/v1/models."""
-    import httpx
-
     try:
         r = httpx.get(url + "/v1/models", timeout=timeout)
         r.raise_for_status()
@@ -158,7 +157,9 @@ def make_sides(cfg: LoadConfig) -> list[Side]:
 def _prompt_tokens(tok, prompt: str, chat: bool) -> int:
     if chat and getattr(tok, "chat_template", None):
         ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-        return len(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return len(
+            ids["input_ids"] if hasattr(ids, "keys") else ids
+        )  # transformers 5 returns a BatchEncoding
     return len(tok.encode(prompt, add_special_tokens=False))
 
 
