@@ -1,11 +1,12 @@
-"""FastAPI app: OpenAI (/v1), Triton generate (/v2), /health and /metrics around one Engine.
+"""FastAPI app: OpenAI (/v1), Triton generate (/v2), /health, /metrics and a chat page (/).
 
     app = create_app(eyas.load(drafter="ngram"), "smollm2")   # or a zero-argument factory
     uvicorn.run(app, host="127.0.0.1", port=8000)
 
 Every response carries the request's speculative statistics in an extra ``eyas`` field
 (non-streaming bodies, and the last chunk of a stream); streamed content chunks also carry
-their ``token_ids`` and how many of them were drafted-and-accepted (``num_accepted``).
+their ``token_ids``, how many of them were drafted-and-accepted (``num_accepted``), and for
+the page at ``/`` each token's text and mark (``pieces``, ``drafted``) and its ``step``.
 """
 
 from __future__ import annotations
@@ -16,18 +17,22 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
 from eyas.api import Speculator
 from eyas.serving.engine import Delta, Engine, Failure, Final, GenRequest, QueueFullError, ServeLimits
 from eyas.serving.metrics import Metrics
+from eyas.serving.pieces import TokenPieces
 from eyas.serving.protocol import ApiError, ChatRequest, CompletionRequest, TritonRequest, parse
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+STATIC = Path(__file__).parent / "static"  # the chat page at / (index.html, app.js, style.css)
 
 
 def create_app(
@@ -46,6 +51,12 @@ def create_app(
 
     app = FastAPI(title="eyas", lifespan=lifespan)
     _add_error_handlers(app)
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/health")
     async def health() -> dict:
@@ -133,7 +144,7 @@ class Server:
         )
         if req.stream:
             usage = req.stream_options is not None and req.stream_options.include_usage
-            return _sse(_openai_chunks(gen, request, ids, chat, usage), gen)
+            return _sse(_openai_chunks(gen, request, ids, chat, usage, self.spec), gen)
         final = await _collect(gen, request)
         choice = {"index": 0, "logprobs": None, "finish_reason": final.finish_reason}
         choice.update(
@@ -284,7 +295,9 @@ def _sse(events: AsyncIterator[dict], gen: GenRequest, done: bool = True) -> Str
     return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-async def _openai_chunks(gen: GenRequest, request: Request, ids: dict, chat: bool, usage: bool):
+async def _openai_chunks(
+    gen: GenRequest, request: Request, ids: dict, chat: bool, usage: bool, spec: Speculator
+):
     obj = {**ids, "object": "chat.completion.chunk" if chat else "text_completion"}
     extra = {"usage": None} if usage else {}
 
@@ -294,13 +307,32 @@ async def _openai_chunks(gen: GenRequest, request: Request, ids: dict, chat: boo
 
     if chat:
         yield chunk({"delta": {"role": "assistant", "content": ""}}, None)
+    pieces, step = TokenPieces(spec.tokenizer), 0
     while not isinstance(item := await _next(gen, request), Final):
+        info = _marks(item, pieces.push(item.token_ids), step)  # every step feeds ``pieces``
+        step += 1
         if item.text:
-            info = {"token_ids": item.token_ids, "num_accepted": item.num_accepted}
             yield chunk({"delta": {"content": item.text}} if chat else {"text": item.text}, None, info)
     yield chunk({"delta": {}} if chat else {"text": ""}, item.finish_reason, _eyas(item))
     if usage:
         yield {**obj, "choices": [], "usage": _usage(item)}
+
+
+def _marks(item: Delta, pieces: list[str], step: int) -> dict:
+    """A content chunk's ``eyas`` field: its tokens, which were drafted-and-accepted, their text.
+
+    ``step`` counts the request's decoder steps (0: the prefill's token); ``pieces`` are the
+    tokens' texts (``TokenPieces``), so a page can mark each token. Their concatenation may
+    differ from the chunk's text, which is held back for stop strings and incomplete UTF-8.
+    """
+    n = item.num_accepted
+    return {
+        "token_ids": item.token_ids,
+        "num_accepted": n,
+        "pieces": pieces,
+        "drafted": [i < n for i in range(len(item.token_ids))],
+        "step": step,
+    }
 
 
 async def _triton_events(gen: GenRequest, request: Request, head: dict):

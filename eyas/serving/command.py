@@ -3,7 +3,7 @@
 eyas serve                                         # embedded SmolLM2 + its default drafter, 127.0.0.1:8000
 eyas serve --model ./Llama-3.1-8B-Instruct --drafter ./EAGLE3-head --port 9000 --max-queue 128
 
-Endpoints: GET /health, /metrics, /v1/models; POST /v1/completions, /v1/chat/completions,
+Endpoints: GET / (a chat page), /health, /metrics, /v1/models; POST /v1/completions, /v1/chat/completions,
 /v2/models/NAME/generate and /v2/models/NAME/generate_stream.
 """
 

@@ -66,6 +66,13 @@ def test_chat_stream_chunks(client, spec):
     assert streamed == ref.token_ids[: len(streamed)]
     assert sum(m["num_accepted"] for m in marks) <= ref.accepted
     assert body[-1].model_extra["eyas"]["token_ids"] == ref.token_ids
+    # the page's marking: each token's text and whether it was drafted-and-accepted, per step
+    assert "".join(p for m in marks for p in m["pieces"]) == ref.text  # plain ASCII: nothing held back
+    for m in marks:
+        assert len(m["pieces"]) == len(m["token_ids"])
+        assert m["drafted"] == [i < m["num_accepted"] for i in range(len(m["token_ids"]))]
+    steps = [m["step"] for m in marks]
+    assert steps[0] == 0 and steps == sorted(set(steps))  # 0: the prefill's token
 
 
 def test_completion_stream_and_sse_framing(base_url, client):
