@@ -10,15 +10,19 @@ print(piece, end="", flush=True)
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 
+from eyas.batch import BatchDecoder
 from eyas.decode import DecodeConfig, SpecDecoder, StepEvent
 from eyas.drafters.loading import DrafterSpec, build_drafter
 from eyas.models.loading import LoadedTarget, load_target
+from eyas.policy import PolicyConfig, SpecPolicy
 from eyas.types import SamplingParams
 from eyas.verify import TypicalConfig
 
@@ -100,7 +104,8 @@ class Speculator:
         return tuple(sorted(ids))
 
     def decoder(self, speculate: bool = True, typical: TypicalConfig | None = None, exact: bool | None = None,
-                **params) -> SpecDecoder:
+                fork: bool = False, **params) -> SpecDecoder:
+        """A decoder for one sequence. fork: give it its own drafter state (concurrent sequences)."""
         sampling = SamplingParams(
             temperature=params.pop("temperature", 0.0) or 0.0,
             top_k=params.pop("top_k", 0) or 0,
@@ -111,7 +116,27 @@ class Speculator:
         exact = self.exact if exact is None else exact
         cfg = DecodeConfig(sampling=sampling, stop_ids=self.stop_ids(), typical=typical, exact=exact,
                            exact_width=width, **params)
-        return SpecDecoder(self.target.model, self.drafter if speculate else None, cfg)
+        drafter = self.drafter if speculate else None
+        if drafter is not None and fork:
+            drafter = drafter.fork()
+        return SpecDecoder(self.target.model, drafter, cfg)
+
+    def batch_decoder(self, max_batch: int, policy: PolicyConfig | None = None) -> BatchDecoder:
+        """Continuous batching (``eyas.batch``): rows join and leave between steps.
+
+        Rows are added with the ``decoder`` keyword arguments; with a drafter, a
+        ``SpecPolicy`` picks each step's tree width from the batch size. Exact
+        (batch-invariant) mode keeps full trees: its forwards are padded to them anyway.
+        """
+        spec_policy = None
+        if self.drafter is not None:
+            policy = policy or PolicyConfig()
+            if self.exact:
+                policy = dataclasses.replace(policy, mode="always")
+            spec_policy = SpecPolicy(self.drafter.max_nodes, policy)
+        taps = self.drafter.taps if self.drafter is not None else ()
+        make = functools.partial(self.decoder, fork=True)
+        return BatchDecoder(self.target.model, make, max_batch, spec_policy, taps)
 
     def events(self, prompt: Prompt, chat: bool = True, speculate: bool = True, **params):
         """Return (decoder, prompt ids [T], iterator of StepEvents): the lowest-level streaming API."""

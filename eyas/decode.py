@@ -138,7 +138,8 @@ class SpecDecoder:
             self.drafter.extend(ver.tokens, _features(out, ver.path))
 
     # ---- prefill and helpers ---------------------------------------------------------------
-    def prefill(self, prompt: torch.Tensor) -> _Seq:
+    def prefill(self, prompt: torch.Tensor, cache=None) -> _Seq:
+        """prompt: [T] long. ``cache``: a 1-row cache to fill (a batch row), else a new one."""
         t = prompt.shape[0]
         budget = t + self.cfg.max_new_tokens + self.width + 1
         limit = self.target.config.max_position_embeddings
@@ -148,7 +149,7 @@ class SpecDecoder:
                 f"context of {limit} tokens; shorten the prompt or lower max_new_tokens"
             )
         self.stats = StepStats()
-        cache = self.target.new_cache(1, budget)
+        cache = cache if cache is not None else self.target.new_cache(1, budget)
         self.kv_len = budget if self.cfg.exact else None
         outs = []
         for s in range(0, t, self.cfg.prefill_chunk):

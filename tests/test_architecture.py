@@ -35,6 +35,9 @@ LAYERS: dict[str, int] = {
     # checkpoint layouts of other engines (EAGLE-1/3, Medusa, speculators) <-> eyas heads
     "formats": 2,
     "decode": 3,
+    # continuous batching over SpecDecoder rows, and its speculation-by-load policy
+    "batch": 3,
+    "policy": 3,
     "api": 3,
     "generation": 3,
     # Run config composing the component dataclasses (style.md section 4, rule 1).

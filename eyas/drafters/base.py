@@ -21,6 +21,7 @@ before returning (``DraftOutput`` is always in target ids).
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +51,15 @@ class Drafter(ABC):
 
     def start(self, max_slots: int) -> None:
         """Reset per-sequence state; ``max_slots`` bounds the sequence length."""
+
+    def fork(self) -> Drafter:
+        """A drafter for another concurrent sequence: shares weights, own per-sequence state.
+
+        The shallow copy suffices because ``start``/``extend`` rebind their per-sequence
+        attributes (caches, histories) instead of mutating shared objects in place; a
+        drafter that mutates shared state must override this.
+        """
+        return copy.copy(self)
 
     def extend(self, tokens: torch.Tensor, feats: TargetFeatures) -> None:
         """Record committed tokens ([M] long) and the target features before each."""

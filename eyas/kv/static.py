@@ -45,22 +45,41 @@ class KVCache:
         return int(self.k.shape[3])
 
     def update(
-        self, layer: int, start: int, k_new: torch.Tensor, v_new: torch.Tensor, kv_len: int
+        self, layer: int, start: int | torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, kv_len: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write new entries and return the keys/values to attend over.
 
-        k_new, v_new: [B, Hk, T, Dh] written at slots start .. start + T.
+        k_new, v_new: [B, Hk, T, Dh] written at slots start .. start + T, where ``start``
+        is one int for every row or a [B] long tensor, one offset per row (batched serving:
+        each sequence has its own committed length).
         Returns k, v views [B, Hk, kv_len, Dh].
         """
         t = k_new.shape[2]
-        if start + t > self.max_slots:
+        top = start + t if isinstance(start, int) else int(start.max()) + t
+        if top > self.max_slots:
             raise ValueError(
-                f"KV cache overflow: writing slots {start}..{start + t} into a cache of "
+                f"KV cache overflow: writing slots up to {top} into a cache of "
                 f"{self.max_slots} slots; raise max_slots (prompt + max_new_tokens + tree size)"
             )
-        self.k[layer, :, :, start : start + t] = k_new
-        self.v[layer, :, :, start : start + t] = v_new
+        if isinstance(start, int):
+            self.k[layer, :, :, start : start + t] = k_new
+            self.v[layer, :, :, start : start + t] = v_new
+        else:
+            rows = torch.arange(k_new.shape[0], device=start.device)[:, None]  # [B, 1]
+            slots = start[:, None] + torch.arange(t, device=start.device)  # [B, T]
+            # advanced indices around a slice put [B, T] first: [B, T, Hk, Dh]
+            self.k[layer][rows, :, slots] = k_new.transpose(1, 2)
+            self.v[layer][rows, :, slots] = v_new.transpose(1, 2)
         return self.k[layer, :, :, :kv_len], self.v[layer, :, :, :kv_len]
+
+    def rows(self, lo: int, hi: int) -> KVCache:
+        """A view of batch rows lo .. hi (writes go to this cache)."""
+        return KVCache(self.k[:, lo:hi], self.v[:, lo:hi])
+
+    def copy_row(self, src: int, dst: int, slots: int) -> None:
+        """Copy the first ``slots`` entries of row ``src`` into row ``dst`` (batch compaction)."""
+        self.k[:, dst, :, :slots] = self.k[:, src, :, :slots]
+        self.v[:, dst, :, :slots] = self.v[:, src, :, :slots]
 
     def commit(self, start: int, src: torch.Tensor) -> None:
         """Move the entries of accepted nodes into place after the prefix.

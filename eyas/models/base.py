@@ -30,6 +30,9 @@ class TargetModel(ABC):
     """A causal LM that eyas can speculate on."""
 
     config: ModelConfig
+    # forward() takes ``start`` as a [B] long tensor too (one committed length per row), so
+    # sequences of different lengths share one batched forward (eyas.batch)
+    row_starts: bool = False
 
     @property
     @abstractmethod
@@ -51,7 +54,8 @@ class TargetModel(ABC):
         # [B, T] long, absolute positions (RoPE)
         positions: torch.Tensor,
         cache,
-        start: int,
+        # cached slots before the new tokens: an int, or [B] long when ``row_starts``
+        start: int | torch.Tensor,
         # [B, T, S] bool, True = may attend; S = kv_len or start + T; None = causal
         mask: torch.Tensor | None = None,
         taps: tuple[int, ...] = (),

@@ -115,6 +115,8 @@ class LlamaBody(nn.Module):
 class NativeLlama(nn.Module, TargetModel):
     """The fast target backend."""
 
+    row_starts = True
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg

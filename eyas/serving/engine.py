@@ -1,11 +1,14 @@
-"""The serving engine for now: one worker thread decodes requests one at a time.
+"""The serving engine: one worker thread runs continuous batching over a ``BatchDecoder``.
 
-Requests wait in a bounded queue (full -> ``QueueFullError``, an HTTP 429). The worker
-runs ``Speculator.decoder(...).generate(ids)`` -- the same call ``Speculator.generate``
-makes, so served output equals library output -- and hands every step's text delta to the
-request's asyncio queue with ``loop.call_soon_threadsafe``. A request whose ``cancel`` flag
-is set (the client went away) stops between decoder steps, or is skipped if still queued.
-Batching across requests comes later; this class is the seam it will replace.
+Requests wait in a bounded queue (full -> ``QueueFullError``, an HTTP 429). Between steps
+the worker admits queued requests into free batch rows (prefill, first token), drops rows
+whose client went away (``cancel`` set: the slot is free for the next step), and runs one
+batched step: every row drafts, one target forward verifies all trees, each row accepts its
+own tokens. Each row is a ``SpecDecoder`` built by ``Speculator.decoder`` -- the call
+``Speculator.generate`` makes -- so served output equals library output (in fp32 at any
+concurrency; tested). Text deltas reach the request's asyncio queue through
+``loop.call_soon_threadsafe``. A ``SpecPolicy`` picks the tree width per step from the
+batch size (``eyas.policy``), seeded by a calibration when the worker starts.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from eyas.api import Speculator
+from eyas.policy import PolicyConfig
 from eyas.serving.metrics import Metrics
 
 log = logging.getLogger("eyas.serving")
@@ -34,9 +38,13 @@ class ServeLimits:
     max_queue: int = 64  # requests waiting (the running one not counted)
     max_tokens: int = 2048  # largest max_tokens a request may ask for
     max_prompt_tokens: int | None = None  # None: the model's context
+    max_batch: int = 8  # requests decoded together (continuous batching)
+    # speculation by load (eyas.policy): auto (measured), always (full trees) or never
+    spec_policy: str = "auto"
+    calibrate: bool = True  # time the target's forwards at start to seed the policy
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: the request is its batch row's key
 class GenRequest:
     # [T] long prompt ids
     ids: torch.Tensor
@@ -99,10 +107,24 @@ class TextStream:
         return delta
 
 
+@dataclass
+class _Active:
+    """A request in the batch and what has been sent for it."""
+
+    req: GenRequest
+    text: TextStream
+    ids: list[int] = field(default_factory=list)
+    last: float = 0.0  # time of the previous event
+    counted: tuple[int, int, int] = (0, 0, 0)  # decoder stats (steps, drafted, accepted) already observed
+
+
 class Engine:
     def __init__(self, spec: Speculator, limits: ServeLimits, metrics: Metrics) -> None:
         self.spec, self.limits, self.metrics = spec, limits, metrics
         self.stop_ids = set(spec.stop_ids())
+        self.batch = spec.batch_decoder(limits.max_batch, PolicyConfig(mode=limits.spec_policy))
+        self.calibrate = limits.calibrate
+        self.active: dict[GenRequest, _Active] = {}
         self._queue: queue.Queue[GenRequest | None] = queue.Queue(maxsize=limits.max_queue)
         self._thread = threading.Thread(target=self._run, name="eyas-engine", daemon=True)
         self._thread.start()
@@ -129,45 +151,105 @@ class Engine:
                     _post(req, Failure("the server is shutting down"))
         self._thread.join(timeout)
 
+    # ---- the worker loop ----------------------------------------------------------------------
     def _run(self) -> None:
-        while (req := self._queue.get()) is not None:
+        if self.calibrate:
+            t0 = time.perf_counter()
+            self.batch.calibrate()
+            if self.batch.policy is not None:
+                log.info("speculation policy calibrated in %.1f s: %s", time.perf_counter() - t0,
+                         self.batch.policy.snapshot(1))
+        while self._admit():
+            self._drop_cancelled()
+            if self.active:
+                self._step()
+
+    def _admit(self) -> bool:
+        """Move queued requests into free rows; blocks while nothing runs. False: shut down."""
+        while len(self.active) < self.limits.max_batch:
+            try:
+                req = self._queue.get(block=not self.active)
+            except queue.Empty:
+                return True
+            if req is None:
+                for a in list(self.active.values()):
+                    self._finish(a, "abort")
+                return False
             self.metrics.waiting = self._queue.qsize()
             if req.cancel.is_set():
                 self.metrics.observe_finish("abort", 0, time.perf_counter() - req.arrival)
                 continue
-            self.metrics.running = 1
-            try:
-                self._serve(req)
-            except Exception as e:  # a failing request must not kill the worker
-                log.exception("request failed")
-                _post(req, Failure(f"generation failed: {type(e).__name__}: {e}"))
-            finally:
-                self.metrics.running = 0
+            self._guarded(req, self._start, req)
+        return True
 
-    def _serve(self, req: GenRequest) -> None:
-        dec = self.spec.decoder(**req.params)
-        text = TextStream(self.spec.tokenizer, req.stop)
-        ids: list[int] = []
-        last, reason = req.arrival, "length"
-        steps = drafted = accepted = 0  # dec.stats totals at the previous event
-        for ev in dec.generate(req.ids):
-            now, toks = time.perf_counter(), ev.tokens.tolist()
-            self.metrics.observe_tokens(len(toks), now - last, first=not ids)
-            s = dec.stats
-            if s.steps > steps:  # a verification step (prefill is not one)
-                self.metrics.observe_draft(s.drafted - drafted, s.accepted - accepted)
-            steps, drafted, accepted, last = s.steps, s.drafted, s.accepted, now
-            ids += toks
-            delta = text.push(toks, ev.finished)
-            _post(req, Delta(delta, toks, ev.num_accepted))
-            if toks and toks[-1] in self.stop_ids or text.stopped:
-                reason = "stop"
-            if req.cancel.is_set():
-                reason = "abort"
-            if text.stopped or reason == "abort":
-                break
+    def _start(self, req: GenRequest) -> None:
+        a = _Active(req, TextStream(self.spec.tokenizer, req.stop), last=req.arrival)
+        ev = self.batch.add(req, req.ids, **req.params)
+        self.active[req] = a
+        self.metrics.running = len(self.active)
+        self._deliver(a, ev)
+
+    def _step(self) -> None:
+        try:
+            events = self.batch.step()
+        except Exception as e:  # a failing step fails its rows, never the worker
+            log.exception("batched step failed")
+            for a in list(self.active.values()):
+                self._fail(a.req, e)
+            return
+        policy = self.batch.policy
+        self.metrics.width = policy.last_width if policy is not None else 1
+        for req, ev in events:
+            self._guarded(req, self._deliver, self.active[req], ev)
+
+    def _deliver(self, a: _Active, ev) -> None:
+        """Send one step's tokens; finish the request on a stop, the length limit or a cancel."""
+        now, toks = time.perf_counter(), ev.tokens.tolist()
+        self.metrics.observe_tokens(len(toks), now - a.last, first=not a.ids)
+        s = self.batch.decoder(a.req).stats
+        steps, drafted, accepted = a.counted
+        if s.steps > steps:  # a verification step (prefill is not one)
+            self.metrics.observe_draft(s.drafted - drafted, s.accepted - accepted)
+        a.counted, a.last = (s.steps, s.drafted, s.accepted), now
+        a.ids += toks
+        delta = a.text.push(toks, ev.finished)
+        _post(a.req, Delta(delta, toks, ev.num_accepted))
+        if toks and toks[-1] in self.stop_ids or a.text.stopped:
+            self._finish(a, "stop")
+        elif a.req.cancel.is_set():
+            self._finish(a, "abort")
+        elif ev.finished:
+            self._finish(a, "length")
+
+    def _drop_cancelled(self) -> None:
+        for a in [a for a in self.active.values() if a.req.cancel.is_set()]:
+            self._finish(a, "abort")
+
+    def _finish(self, a: _Active, reason: str) -> None:
+        req = a.req
+        stats = spec_stats(self.batch.decoder(req).stats)
+        self._release(req)
         self.metrics.observe_finish(reason, int(req.ids.shape[0]), time.perf_counter() - req.arrival)
-        _post(req, Final(reason, text.text, ids, int(req.ids.shape[0]), spec_stats(dec.stats)))
+        _post(req, Final(reason, a.text.text, a.ids, int(req.ids.shape[0]), stats))
+
+    def _release(self, req: GenRequest) -> None:
+        if self.active.pop(req, None) is not None:
+            self.batch.remove(req)
+        self.metrics.running = len(self.active)
+
+    def _guarded(self, req: GenRequest, fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception as e:  # a failing request must not kill the worker
+            log.exception("request failed")
+            self._fail(req, e)
+
+    def _fail(self, req: GenRequest, e: Exception) -> None:
+        try:
+            self._release(req)
+        except Exception:  # the row may never have been added
+            log.exception("releasing a failed row")
+        _post(req, Failure(f"generation failed: {type(e).__name__}: {e}"))
 
 
 def spec_stats(s) -> dict:

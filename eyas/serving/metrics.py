@@ -76,6 +76,7 @@ class Metrics:
         self.e2e = Histogram()
         self.running = 0
         self.waiting = 0
+        self.width = 0  # tree nodes per row verified in the last step (1 = plain, policy's choice)
 
     def observe_draft(self, num_drafted: int, num_accepted: int) -> None:
         with self.lock:
@@ -120,6 +121,12 @@ class Metrics:
                 "gauge",
                 "Requests in the queue.",
                 [f"{p}:num_requests_waiting {self.waiting}"],
+            )
+            metric(
+                "spec_decode_verify_width",
+                "gauge",
+                "Tree nodes per request verified in the last step (the speculation policy's choice; 1 = plain).",
+                [f"{p}:spec_decode_verify_width {self.width}"],
             )
             metric(
                 "request_success",

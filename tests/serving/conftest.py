@@ -63,7 +63,12 @@ def base_url(spec, launch):
     from eyas.serving.app import create_app
     from eyas.serving.engine import ServeLimits
 
-    return launch(create_app(spec, MODEL, ServeLimits(max_queue=8, max_tokens=64, max_prompt_tokens=256)))
+    # full trees always (the policy would switch a CPU-bound tiny run to plain decoding, and
+    # tests of drafting statistics need drafts); tests/serving/test_batching.py covers "auto"
+    limits = ServeLimits(
+        max_queue=8, max_tokens=64, max_prompt_tokens=256, spec_policy="always", calibrate=False
+    )
+    return launch(create_app(spec, MODEL, limits))
 
 
 @pytest.fixture(scope="module")

@@ -26,20 +26,45 @@ class FakeTokenizer:
         return "".join(f"t{i} " for i in ids if i != 0)
 
 
-class FakeDecoder:
-    def __init__(self, spec: FakeSpec, max_new_tokens: int, **_) -> None:
-        self.spec, self.n, self.stats = spec, max_new_tokens, StepStats()
+class FakeBatch:
+    """BatchDecoder's interface: every row emits one token per step (token i + 1 at step i)."""
 
-    def generate(self, ids: torch.Tensor):
+    policy = None
+
+    def __init__(self, spec: FakeSpec) -> None:
+        self.spec, self.rows = spec, {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def calibrate(self) -> None:
+        pass
+
+    def add(self, key, ids, max_new_tokens: int, **_) -> StepEvent:
         if self.spec.fail:
             raise RuntimeError("boom")
-        for i in range(self.n):
-            self.spec.gate.wait(10)
-            time.sleep(self.spec.delay)
-            self.spec.steps += 1
-            if i:
-                self.stats.record(2, 1)
-            yield StepEvent(tokens=torch.tensor([i + 1]), num_accepted=min(i, 1), finished=i == self.n - 1)
+        self.rows[key] = row = SimpleNamespace(i=0, n=max_new_tokens, stats=StepStats())
+        return self._event(row)
+
+    def step(self) -> list:
+        self.spec.gate.wait(10)
+        time.sleep(self.spec.delay)
+        self.spec.steps += 1
+        return [(k, self._event(r)) for k, r in list(self.rows.items())]
+
+    def remove(self, key) -> None:
+        del self.rows[key]
+
+    def decoder(self, key):
+        return self.rows[key]
+
+    @staticmethod
+    def _event(row) -> StepEvent:
+        i = row.i
+        row.i += 1
+        if i:
+            row.stats.record(2, 1)
+        return StepEvent(tokens=torch.tensor([i + 1]), num_accepted=min(i, 1), finished=i == row.n - 1)
 
 
 class FakeSpec:
@@ -56,8 +81,8 @@ class FakeSpec:
     def stop_ids(self) -> tuple[int, ...]:
         return (0,)
 
-    def decoder(self, **params) -> FakeDecoder:
-        return FakeDecoder(self, **params)
+    def batch_decoder(self, max_batch: int, policy=None) -> FakeBatch:
+        return FakeBatch(self)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +91,7 @@ def fake(launch):
     from eyas.serving.engine import ServeLimits
 
     spec = FakeSpec()
-    url = launch(create_app(lambda: spec, "fake", ServeLimits(max_queue=1, max_tokens=10000)))
+    url = launch(create_app(lambda: spec, "fake", ServeLimits(max_queue=1, max_tokens=10000, max_batch=1)))
     yield spec, url
     spec.gate.set()  # never leave the worker blocked at teardown
 

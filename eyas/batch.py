@@ -1,0 +1,210 @@
+"""Continuous batching: many sequences, one target forward per step.
+
+Every sequence (a *row*) keeps its own ``SpecDecoder`` -- sampling settings, generator,
+drafter state, stop rules, statistics -- so a row decodes exactly as ``SpecDecoder`` would
+alone. What the rows share is the verify forward: each drafts its tree, the trees are
+padded to one width W and verified in a single forward over [B, W] tokens, each row at its
+own committed length (``start`` is a [B] tensor, keys past a row's own tree are masked),
+and then each row accepts its own number of tokens.
+
+Rows join between steps (``add`` prefills the prompt into a free row of the shared KV
+cache) and leave between steps (``remove`` moves the last row into the hole, so rows
+0 .. B-1 stay contiguous and the forward runs on a view, never a gather). The cache grows
+by doubling when a longer sequence arrives.
+
+A ``SpecPolicy`` picks the verify width per step from the batch size (``eyas.policy``);
+trees are cut to their first ``width`` nodes, which keeps verification lossless. Rows
+sampling with an explicit seed keep full trees, so they reproduce ``eyas generate --seed``.
+
+In float32 a row's greedy output equals its batch-1 output (tested); below float32 the
+exact (batch-invariant) mode holds for a batch of one, while larger batches change the
+key length and padding of each forward and may flip near-tied argmaxes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+import torch
+
+from eyas.decode import SpecDecoder, StepEvent, _Seq
+from eyas.models.base import ForwardOutput, TargetModel
+from eyas.policy import SpecPolicy, calibrate
+from eyas.tree import make_tree
+from eyas.types import DraftOutput, Tree
+
+
+@dataclass
+class _Row:
+    key: Hashable
+    dec: SpecDecoder
+    seq: _Seq
+
+
+def cut_tree(draft: DraftOutput, width: int) -> DraftOutput:
+    """Keep the first ``width`` nodes (a valid tree: parents precede children)."""
+    t = draft.tree
+    if t.num_nodes <= width:
+        return draft
+    tree = Tree(t.tokens[:width], t.parents[:width], t.depth[:width], t.mask[:width, :width])
+    return DraftOutput(tree=tree, q=None if draft.q is None else draft.q[:width])
+
+
+class BatchDecoder:
+    """Rows keyed by the caller's handles; ``step`` advances them all by one verify step."""
+
+    def __init__(
+        self,
+        target: TargetModel,
+        make_decoder: Callable[..., SpecDecoder],
+        max_batch: int,
+        policy: SpecPolicy | None = None,
+        taps: tuple[int, ...] = (),
+        initial_slots: int = 512,
+    ) -> None:
+        if max_batch > 1 and not target.row_starts:
+            raise ValueError(
+                f"{type(target).__name__} cannot verify rows of different lengths in one forward; "
+                "use the native backend for batching, or a max batch of 1"
+            )
+        self.target, self.make_decoder, self.max_batch = target, make_decoder, max_batch
+        self.policy, self.taps = policy, taps
+        self.cache = target.new_cache(max_batch, initial_slots)
+        self.rows: list[_Row] = []
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def decoder(self, key: Hashable) -> SpecDecoder:
+        return self.rows[self._index(key)].dec
+
+    # ---- rows join and leave between steps -------------------------------------------------
+    def add(self, key: Hashable, prompt: torch.Tensor, **params) -> StepEvent:
+        """Prefill ``prompt`` ([T] long) into a free row; returns the first token's event."""
+        if len(self.rows) == self.max_batch:
+            raise RuntimeError(f"the batch is full ({self.max_batch} rows)")
+        dec = self.make_decoder(**params)
+        b = len(self.rows)
+        self._ensure_slots(prompt.shape[0] + dec.cfg.max_new_tokens + dec.width + 1)
+        seq = dec.prefill(prompt, cache=self.cache.rows(b, b + 1))
+        self.rows.append(_Row(key, dec, seq))
+        return dec._emit(seq, seq.history[-1:], 0)
+
+    def remove(self, key: Hashable) -> None:
+        i, last = self._index(key), len(self.rows) - 1
+        if i != last:  # keep rows contiguous: the last row moves into the hole
+            moved = self.rows[last]
+            self.cache.copy_row(last, i, moved.seq.cached)
+            moved.seq.cache = self.cache.rows(i, i + 1)
+            self.rows[i] = moved
+        self.rows.pop()
+
+    # ---- one step: draft -> verify (one forward) -> commit, per row -------------------------
+    def step(self) -> list[tuple[Hashable, StepEvent]]:
+        t0 = time.perf_counter()
+        width = self.policy.width(len(self.rows)) if self.policy is not None else None
+        drafts = [self._draft(r, width) for r in self.rows]
+        drafting = time.perf_counter() - t0
+        out, w = self.verify_forward([d.tree for d, _ in drafts])
+        events = []
+        for b, (row, (draft, full_nodes)) in enumerate(zip(self.rows, drafts, strict=True)):
+            n = draft.tree.num_nodes
+            out_b = ForwardOutput(out.logits[b : b + 1, :n], out.hidden[b : b + 1, :n],
+                                  {k: v[b : b + 1, :n] for k, v in out.taps.items()})
+            dec = row.dec
+            ver = dec.verifier(draft, out_b.logits[0], dec.generator)
+            dec.commit(row.seq, draft.tree, ver, out_b)
+            dec.stats.record(n - 1, ver.num_accepted)
+            if self.policy is not None and dec.drafter is not None and full_nodes > 1:
+                self.policy.curve.observe(full_nodes, n, ver.path.tolist())
+            events.append((row.key, dec._emit(row.seq, ver.tokens, ver.num_accepted)))
+        if self.policy is not None:
+            spent = time.perf_counter() - t0
+            self.policy.cost.observe(len(self.rows) * w, spent - drafting)
+            drafted = sum(1 for _, full in drafts if full > 0)
+            if drafted:
+                self.policy.observe_draft(drafting / drafted)
+        return events
+
+    def _draft(self, row: _Row, width: int | None) -> tuple[DraftOutput, int]:
+        """The row's tree (cut to ``width``) and the drafted tree's size (0: not drafted)."""
+        dec, root = row.dec, row.seq.history[-1:]
+        if dec.cfg.seed is not None and not dec.cfg.sampling.greedy:
+            width = None  # seeded sampling reproduces eyas generate only with the full trees
+        if dec.drafter is None or width == 1:
+            return DraftOutput(tree=make_tree(root, torch.full_like(root, -1))), 0
+        draft = dec.draft(row.seq)
+        return (draft if width is None else cut_tree(draft, width)), draft.tree.num_nodes
+
+    def verify_forward(self, trees: list[Tree]) -> tuple[ForwardOutput, int]:
+        """One target forward over every row's tree: [B, W] tokens at per-row slots."""
+        decs = [r.dec for r in self.rows]
+        exact = any(d.cfg.exact for d in decs)
+        w = max(d.width for d in decs) if exact else max(t.num_nodes for t in trees)
+        starts = torch.tensor([r.seq.cached for r in self.rows], device=self.target.device)  # [B]
+        kv_len = max(d.kv_len for d in decs) if exact else int(starts.max()) + w
+        tokens, positions, mask = _pack(trees, starts, w, kv_len)
+        b = len(self.rows)
+        start = int(starts[0]) if b == 1 else starts  # batch 1: the same call SpecDecoder makes
+        out = self.target.forward(tokens, positions, self.cache.rows(0, b), start, mask, self.taps, kv_len=kv_len)
+        return out, w
+
+    def calibrate(self, context: int = 128, repeats: int = 2) -> None:
+        """Seed the policy's cost table: time one forward of n tokens after ``context`` slots."""
+        if self.policy is None or self.policy.cfg.mode != "auto":
+            return
+        top = self.max_batch * self.policy.max_nodes
+        scratch = self.target.new_cache(1, context + top)
+        dev = self.target.device
+
+        def forward(n: int) -> None:
+            tokens = torch.zeros(1, n, dtype=torch.long, device=dev)
+            positions = torch.arange(context, context + n, device=dev)[None]
+            self.target.forward(tokens, positions, scratch, context, None, self.taps,
+                                logits_idx=torch.arange(n, device=dev))
+
+        self.policy.cost = calibrate(forward, top, repeats)
+        self.policy.cost.ema = self.policy.cfg.ema
+
+    # ---- helpers ----------------------------------------------------------------------------
+    def _index(self, key: Hashable) -> int:
+        for i, r in enumerate(self.rows):
+            if r.key == key:
+                return i
+        raise KeyError(f"no row for {key!r}")
+
+    def _ensure_slots(self, need: int) -> None:
+        """Grow the shared cache (doubling) so every row has ``need`` slots."""
+        have = self.cache.max_slots
+        if need <= have:
+            return
+        slots = max(need, 2 * have)
+        bigger = self.target.new_cache(self.max_batch, slots)
+        bigger.k[:, :, :, :have] = self.cache.k
+        bigger.v[:, :, :, :have] = self.cache.v
+        self.cache = bigger
+        for i, r in enumerate(self.rows):
+            r.seq.cache = bigger.rows(i, i + 1)
+
+
+def _pack(trees: list[Tree], starts: torch.Tensor, w: int, kv_len: int):
+    """Trees -> tokens, positions [B, W] long and mask [B, W, S] bool (S = kv_len).
+
+    Row b's node i sits at slot starts[b] + i and position starts[b] + depth[i]; it sees
+    the row's committed slots and its tree ancestors. Padding nodes see slot 0 only
+    (finite, never read).
+    """
+    b, dev = len(trees), starts.device
+    tokens = torch.zeros(b, w, dtype=torch.long, device=dev)
+    positions = starts[:, None].repeat(1, w)
+    mask = torch.zeros(b, w, kv_len, dtype=torch.bool, device=dev)
+    mask[:, :, 0] = True
+    for i, (t, s) in enumerate(zip(trees, starts.tolist(), strict=True)):
+        n = t.num_nodes
+        tokens[i, :n] = t.tokens
+        positions[i, :n] += t.depth
+        mask[i, :n, :s] = True
+        mask[i, :n, s : s + n] = t.mask
+    return tokens, positions, mask

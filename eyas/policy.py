@@ -1,0 +1,159 @@
+"""Speculation by load: how wide a tree to verify per row, from measured costs and acceptance.
+
+With B rows in a batch, verifying trees cut to their first ``w`` nodes costs one target
+forward over B * w tokens plus the drafting, and yields ``tau(w)`` tokens per row. The
+policy picks, before every batched step, the width with the most tokens per second:
+
+    rate(w) = B * tau(w) / (cost(B * w) + B * draft_cost * [w > 1])      w = 1 is plain decoding
+
+Everything on the right is measured, none of it assumed:
+
+* ``cost(n)``: seconds per step with n tokens in the forward, seeded by a calibration at
+  start (one forward per n = 1, 2, 4, ...) and then tracked from real steps (EMA);
+* ``tau(w)``: mean tokens per step had the trees been cut to w nodes. Nodes are in
+  topological order, so the accepted path's node indices increase and a cut at w keeps
+  exactly the accepted nodes with index < w: every verified step measures tau(w) for all
+  w up to its width at once (a counterfactual that is exact for greedy verification);
+* ``draft_cost``: seconds per row to propose a tree (EMA).
+
+At low load drafting pays and trees stay full; as B grows the forward leaves the flat,
+memory-bound part of ``cost`` and the policy narrows the trees, then drops to plain
+decoding. While plain, one step in ``explore_every`` still speculates so tau stays fresh.
+Cutting a tree never changes outputs: a cut tree is still a valid tree (lossless).
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass
+class PolicyConfig:
+    # "auto": measured widths as above; "always": full trees; "never": plain decoding
+    mode: str = "auto"
+    ema: float = 0.1  # weight of a new observation
+    min_observations: int = 8  # verified steps before tau(w) is trusted (until then: full trees)
+    explore_every: int = 32  # while plain, speculate on one step in this many
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("auto", "always", "never"):
+            raise ValueError(f"speculation policy must be auto, always or never, got {self.mode!r}")
+        if not 0 < self.ema <= 1:
+            raise ValueError(f"ema must be in (0, 1], got {self.ema}")
+
+
+class CostTable:
+    """Seconds per step by tokens in the forward; piecewise linear between measured points."""
+
+    def __init__(self, points: dict[int, float] | None = None, ema: float = 0.1) -> None:
+        self.points = dict(points or {})
+        self.ema = ema
+
+    def __call__(self, n: int) -> float:
+        if not self.points:
+            return float(n)  # nothing measured: proportional to tokens (only ratios matter)
+        xs = sorted(self.points)
+        if n in self.points:
+            return self.points[n]
+        i = bisect_left(xs, n)
+        if i == 0:
+            return self.points[xs[0]]
+        if i == len(xs):  # beyond the largest point: extend the last segment's slope
+            if len(xs) == 1:
+                return self.points[xs[0]] * n / xs[0]
+            x0, x1 = xs[-2], xs[-1]
+        else:
+            x0, x1 = xs[i - 1], xs[i]
+        y0, y1 = self.points[x0], self.points[x1]
+        return max(y0 + (y1 - y0) * (n - x0) / (x1 - x0), 0.0)
+
+    def observe(self, n: int, seconds: float) -> None:
+        old = self.points.get(n)
+        self.points[n] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
+
+
+class AcceptanceCurve:
+    """tau(w) for w = 1 .. max_nodes: decayed mean tokens per step with trees cut to w nodes."""
+
+    def __init__(self, max_nodes: int, ema: float) -> None:
+        self.max_nodes, self.ema = max_nodes, ema
+        self.tau = [1.0] * (max_nodes + 1)  # index w; tau[1] = 1 (plain) by definition
+        self.seen = [0] * (max_nodes + 1)
+
+    def observe(self, tree_nodes: int, verified: int, path: list[int]) -> None:
+        """tree_nodes: drafted tree size; verified: nodes verified (the cut); path: accepted nodes."""
+        # a cut at w is known for every w <= verified, and for every w when nothing was cut
+        top = self.max_nodes if tree_nodes <= verified else verified
+        for w in range(2, top + 1):
+            value = 1.0 + sum(1 for p in path[1:] if p < w)
+            a = max(self.ema, 1.0 / (self.seen[w] + 1))  # plain mean until the EMA takes over
+            self.tau[w] = (1 - a) * self.tau[w] + a * value
+            self.seen[w] += 1
+
+
+class SpecPolicy:
+    """Chooses the verify width for a batch of B rows; see the module docstring."""
+
+    def __init__(self, max_nodes: int, cfg: PolicyConfig | None = None, cost: CostTable | None = None) -> None:
+        self.cfg = cfg or PolicyConfig()
+        self.max_nodes = max_nodes
+        self.cost = cost or CostTable(ema=self.cfg.ema)
+        self.curve = AcceptanceCurve(max_nodes, self.cfg.ema)
+        self.draft_cost = 0.0
+        self.widths = sorted({1, max_nodes} | {w for w in (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if w < max_nodes})
+        self._plain_steps = 0
+        self.last_width = max_nodes
+
+    def width(self, batch: int) -> int:
+        """Nodes per row to verify in the next step (1 = no drafting)."""
+        mode = self.cfg.mode
+        if mode != "auto" or self.max_nodes == 1:
+            w = 1 if mode == "never" else self.max_nodes
+        elif self.curve.seen[self.max_nodes] < self.cfg.min_observations:
+            w = self.max_nodes  # learn tau(w) for every w first
+        else:
+            w = max(self.widths, key=lambda w: self.rate(batch, w))
+            if w == 1:
+                self._plain_steps += 1
+                if self._plain_steps % self.cfg.explore_every == 0:
+                    w = max(self.widths[1:], key=lambda w: self.rate(batch, w))
+        self.last_width = w
+        return w
+
+    def rate(self, batch: int, w: int) -> float:
+        """Predicted tokens per second for ``batch`` rows verifying ``w`` nodes each."""
+        draft = batch * self.draft_cost if w > 1 else 0.0
+        return batch * self.curve.tau[w] / max(self.cost(batch * w) + draft, 1e-9)
+
+    def observe_draft(self, seconds_per_row: float) -> None:
+        a = self.cfg.ema
+        self.draft_cost = seconds_per_row if self.draft_cost == 0.0 else (1 - a) * self.draft_cost + a * seconds_per_row
+
+    def snapshot(self, batch: int) -> dict:
+        """The policy's current view, for /metrics and logs."""
+        return {
+            "mode": self.cfg.mode,
+            "width": self.last_width,
+            "draft_ms": round(1000 * self.draft_cost, 3),
+            "tau": {w: round(self.curve.tau[w], 3) for w in self.widths},
+            "predicted_tok_s": {w: round(self.rate(batch, w), 2) for w in self.widths},
+        }
+
+
+def calibrate(forward: Callable[[int], None], max_tokens: int, repeats: int = 2) -> CostTable:
+    """Time ``forward(n)`` for n = 1, 2, 4, ... up to ``max_tokens``; best of ``repeats``."""
+    points, n = {}, 1
+    while True:
+        n = min(n, max_tokens)
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            forward(n)
+            best = min(best, time.perf_counter() - t0)
+        points[n] = best
+        if n >= max_tokens:
+            return CostTable(points)
+        n *= 2

@@ -1,0 +1,176 @@
+"""Continuous batching (eyas.batch): every row decodes exactly as it would alone (fp32, greedy).
+
+Rows of different prompt lengths share each verify forward, join while others are mid-way,
+leave in any order (the last row moves into the hole), and drafters differ per row (one row
+may decode plainly). The policy may cut trees; that must not change a single token either.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eyas.batch import BatchDecoder, cut_tree
+from eyas.decode import DecodeConfig, SpecDecoder
+from eyas.drafters.eagle3 import Eagle3Drafter, random_eagle3_head
+from eyas.drafters.ngram import NgramConfig, NgramDrafter
+from eyas.kv.static import KVCache
+from eyas.policy import AcceptanceCurve, CostTable, PolicyConfig, SpecPolicy
+from eyas.tree import make_tree
+from eyas.types import DraftOutput, SamplingParams
+
+from .test_lossless import VOCAB, prompt_ids
+
+
+def solo(target, drafter, prompt, n, **cfg) -> list[int]:
+    dec = SpecDecoder(target, drafter, DecodeConfig(max_new_tokens=n, **cfg))
+    return [t for ev in dec.generate(prompt) for t in ev.tokens.tolist()]
+
+
+def make_batch(target, drafter, max_batch, policy=None, **cfg):
+    def make(speculate=True, max_new_tokens=24, **kw):
+        d = drafter.fork() if (drafter is not None and speculate) else None
+        return SpecDecoder(target, d, DecodeConfig(max_new_tokens=max_new_tokens, **cfg, **kw))
+
+    taps = drafter.taps if drafter is not None else ()
+    return BatchDecoder(target, make, max_batch, policy, taps, initial_slots=16)
+
+
+def run_batch(batch: BatchDecoder, jobs: dict, joins: dict | None = None) -> dict:
+    """jobs: key -> (prompt, params) added at step joins.get(key, 0); returns key -> tokens."""
+    joins = joins or {}
+    out = {k: [] for k in jobs}
+    pending = dict(jobs)
+    step = 0
+    while pending or len(batch):
+        for k in [k for k in pending if joins.get(k, 0) <= step]:
+            if len(batch) == batch.max_batch:
+                break
+            prompt, params = pending.pop(k)
+            ev = batch.add(k, prompt, **params)
+            out[k] += ev.tokens.tolist()
+            if ev.finished:
+                batch.remove(k)
+        if len(batch):
+            for k, ev in batch.step():
+                out[k] += ev.tokens.tolist()
+                if ev.finished:
+                    batch.remove(k)
+        step += 1
+    return out
+
+
+def ngram():
+    return NgramDrafter(NgramConfig(num_draft=4, branches=2))
+
+
+@pytest.mark.parametrize("kind", ("llama", "qwen3"))
+def test_rows_equal_their_solo_runs(tiny, kind):
+    target = tiny.native(kind, seed=0)
+    lens, news = (1, 7, 30, 12, 3), (24, 9, 17, 30, 5)
+    jobs = {i: (prompt_ids(p, seed=i), {"max_new_tokens": n}) for i, (p, n) in enumerate(zip(lens, news))}
+    joins = {0: 0, 1: 0, 2: 3, 3: 5, 4: 6}  # rows join mid-way, short ones leave early
+    got = run_batch(make_batch(target, ngram(), max_batch=3), jobs, joins)
+    for k, (prompt, params) in jobs.items():
+        assert got[k] == solo(target, None, prompt, params["max_new_tokens"]), k
+
+
+def test_eagle3_rows_and_a_plain_row(tiny):
+    target = tiny.native("llama", seed=0)
+    head = random_eagle3_head(target.config, draft_vocab_size=VOCAB // 2, seed=3)
+    drafter = Eagle3Drafter(target_model=target, head=head, tree="dynamic:4,4,12")
+    jobs = {i: (prompt_ids(5 + 6 * i, seed=i), {"max_new_tokens": 20, "speculate": i != 1}) for i in range(4)}
+    batch = make_batch(target, drafter, max_batch=4)
+    got = run_batch(batch, jobs)
+    for k, (prompt, _) in jobs.items():
+        assert got[k] == solo(target, None, prompt, 20), k
+
+
+def test_cache_growth_keeps_rows(tiny):
+    """initial_slots=16 forces several doublings while rows are live."""
+    target = tiny.native("llama", seed=0)
+    jobs = {i: (prompt_ids(4 + i, seed=i), {"max_new_tokens": 40}) for i in range(3)}
+    jobs[3] = (prompt_ids(60, seed=9), {"max_new_tokens": 30})
+    batch = make_batch(target, ngram(), max_batch=4)
+    got = run_batch(batch, jobs, {3: 4})
+    assert batch.cache.max_slots >= 60 + 30
+    for k, (prompt, params) in jobs.items():
+        assert got[k] == solo(target, None, prompt, params["max_new_tokens"])
+
+
+@pytest.mark.parametrize("mode", ("auto", "never"))
+def test_policy_widths_never_change_outputs(tiny, mode):
+    target = tiny.native("llama", seed=0)
+    # a cost table where wide forwards are expensive: auto mode cuts trees as the batch fills
+    cost = CostTable({1: 1.0, 2: 1.0, 4: 1.1, 8: 3.0, 16: 8.0, 32: 20.0, 64: 50.0})
+    policy = SpecPolicy(9, PolicyConfig(mode=mode, min_observations=2), cost)
+    drafter = NgramDrafter(NgramConfig(num_draft=4, branches=2))
+    jobs = {i: (prompt_ids(8, seed=i), {"max_new_tokens": 30}) for i in range(4)}
+    batch = make_batch(target, drafter, max_batch=4, policy=policy)
+    got = run_batch(batch, jobs)
+    for k, (prompt, _) in jobs.items():
+        assert got[k] == solo(target, None, prompt, 30)
+    if mode == "never":
+        assert policy.curve.seen[9] == 0 and policy.last_width == 1
+    else:
+        assert policy.curve.seen[9] >= 2
+
+
+def test_seeded_sampling_rows_equal_solo(tiny):
+    target = tiny.native("qwen2", seed=0)
+    cfg = {"sampling": SamplingParams(temperature=0.8, top_k=20)}
+    jobs = {i: (prompt_ids(6 + i, seed=i), {"max_new_tokens": 16, "seed": 100 + i}) for i in range(3)}
+    got = run_batch(make_batch(target, ngram(), max_batch=3, **cfg), jobs)
+    for k, (prompt, params) in jobs.items():
+        ref = solo(target, ngram(), prompt, 16, seed=100 + k, **cfg)
+        assert got[k] == ref
+
+
+def test_cut_tree_keeps_a_valid_prefix():
+    root = torch.tensor([5])
+    tokens = torch.tensor([5, 1, 2, 3, 4])
+    tree = make_tree(tokens, torch.tensor([-1, 0, 0, 1, 3]))
+    q = torch.rand(5, 8)
+    cut = cut_tree(DraftOutput(tree=tree, q=q), 3)
+    assert cut.tree.tokens.tolist() == [5, 1, 2] and cut.tree.parents.tolist() == [-1, 0, 0]
+    assert torch.equal(cut.tree.mask, tree.mask[:3, :3]) and cut.q.shape == (3, 8)
+    assert cut_tree(DraftOutput(tree=make_tree(root, torch.tensor([-1]))), 3).tree.num_nodes == 1
+
+
+def test_per_row_cache_writes():
+    cache = KVCache.empty(1, 2, 1, 8, 2, torch.float32)
+    k = torch.arange(2 * 3 * 2, dtype=torch.float32).view(2, 1, 3, 2)
+    cache.update(0, torch.tensor([1, 4]), k, -k, kv_len=8)
+    assert torch.equal(cache.k[0, 0, 0, 1:4], k[0, 0]) and torch.equal(cache.k[0, 1, 0, 4:7], k[1, 0])
+    assert cache.k[0, 0, 0, 4:].abs().sum() == 0 and cache.k[0, 1, 0, :4].abs().sum() == 0
+    cache.copy_row(1, 0, 7)
+    assert torch.equal(cache.v[0, 0], cache.v[0, 1])
+
+
+def test_acceptance_curve_counterfactual():
+    curve = AcceptanceCurve(max_nodes=6, ema=1.0)
+    curve.observe(tree_nodes=6, verified=6, path=[0, 1, 4])  # nodes 1 and 4 accepted
+    assert curve.tau[2:] == [2.0, 2.0, 2.0, 3.0, 3.0]  # a cut below node 4 keeps only node 1
+    curve.observe(tree_nodes=6, verified=3, path=[0, 2])  # cut at 3: w > 3 unknown, untouched
+    assert curve.tau[2:] == [1.0, 2.0, 2.0, 3.0, 3.0] and curve.seen[4] == 1
+
+
+def test_policy_narrows_as_the_batch_grows():
+    # flat cost up to 8 tokens, then linear: speculation pays at batch 1, not at batch 16
+    cost = CostTable({n: max(1.0, n / 8) for n in (1, 2, 4, 8, 16, 32, 64, 128, 256)})
+    policy = SpecPolicy(9, PolicyConfig(min_observations=1), cost)
+    policy.observe_draft(0.05)
+    for _ in range(3):
+        policy.curve.observe(9, 9, [0, 1, 3, 8])  # tau(2) = 2, tau(4) = 3, tau(9) = 4
+    widths = [policy.width(b) for b in (1, 2, 4, 16)]
+    assert widths[0] == 9 and widths[-1] == 1
+    assert widths == sorted(widths, reverse=True)
+    assert policy.snapshot(16)["width"] == 1
+
+
+def test_calibrate_fills_the_cost_table(tiny):
+    target = tiny.native("llama", seed=0)
+    batch = make_batch(target, ngram(), max_batch=2, policy=SpecPolicy(9))
+    batch.calibrate(context=8, repeats=1)
+    assert sorted(batch.policy.cost.points) == [1, 2, 4, 8, 16, 18]
+    assert all(v > 0 for v in batch.policy.cost.points.values())
