@@ -36,8 +36,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--sample-top-k", type=int, default=0, help="top-k filter of the sampling distribution")
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
-                   help="bfloat16 (default) is ~1.7x faster than float32 on CPU; float32 for exactness tests")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="auto (default): bfloat16 on a GPU or a CPU with AVX512-BF16/AMX, else float32 "
+                        "(bf16 tree verification is slow without them)")
     p.add_argument("--backend", default="native", choices=["native", "hf"],
                    help="native (fast Llama-family) or hf (any transformers causal LM, slower)")
     p.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,

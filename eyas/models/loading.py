@@ -37,9 +37,27 @@ class LoadedTarget:
     name: str
 
 
+def fast_bf16() -> bool:
+    """Whether bfloat16 matmuls run natively here: a CUDA GPU, or a CPU with AVX512-BF16 / AMX.
+
+    Without them (AVX2-only CPUs) a bf16 forward costs more than an fp32 one as soon as it
+    has a few rows (measured in docs/benchmarks.md), so tree verification cannot pay in bf16.
+    """
+    if torch.cuda.is_available():
+        return True
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    """A dtype name; ``auto`` = bfloat16 where it is fast (``fast_bf16``), else float32."""
     if isinstance(name, torch.dtype):
         return name
+    if name == "auto":
+        return torch.bfloat16 if fast_bf16() else torch.float32
     if name not in DTYPES:
         raise ModelLoadError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
     return DTYPES[name]

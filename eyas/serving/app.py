@@ -307,15 +307,25 @@ async def _openai_chunks(
 
     if chat:
         yield chunk({"delta": {"role": "assistant", "content": ""}}, None)
-    pieces, step = TokenPieces(spec.tokenizer), 0
+    pieces, step, held = TokenPieces(spec.tokenizer), 0, None
     while not isinstance(item := await _next(gen, request), Final):
         info = _marks(item, pieces.push(item.token_ids), step)  # every step feeds ``pieces``
         step += 1
+        info = info if held is None else _merge(held, info)
         if item.text:
+            held = None
             yield chunk({"delta": {"content": item.text}} if chat else {"text": item.text}, None, info)
+        else:  # text held back (a possible stop string, a partial character): its tokens ride along
+            held = info
     yield chunk({"delta": {}} if chat else {"text": ""}, item.finish_reason, _eyas(item))
     if usage:
         yield {**obj, "choices": [], "usage": _usage(item)}
+
+
+def _merge(held: dict, info: dict) -> dict:
+    """One chunk's marks after a step whose text was held back: the held tokens come first."""
+    out = {k: held[k] + info[k] for k in ("token_ids", "pieces", "drafted")}
+    return {**info, **out, "num_accepted": held["num_accepted"] + info["num_accepted"]}
 
 
 def _marks(item: Delta, pieces: list[str], step: int) -> dict:

@@ -26,7 +26,12 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--drafter", default="default", help="none, ngram, draft, eagle, or a path to a head")
     p.add_argument("--tree", default=None, help="draft tree spec, as for `eyas generate --tree`")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="auto: bfloat16 on a GPU or a CPU with AVX512-BF16/AMX, else float32",
+    )
     p.add_argument("--backend", default="native", choices=["native", "hf"])
     p.add_argument(
         "--served-model-name", default=None, help="name clients send as `model` (default: from --model)"
@@ -39,6 +44,17 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-prompt-tokens", type=int, default=None, help="longest prompt (default: the context)"
+    )
+    p.add_argument("--max-batch", type=int, default=8, help="requests decoded together (continuous batching)")
+    p.add_argument(
+        "--spec-policy",
+        default="auto",
+        choices=["auto", "always", "never"],
+        help="speculation by load: auto picks the tree width per batch size from measured forward "
+        "costs and acceptance (eyas.policy); always: full trees; never: plain decoding",
+    )
+    p.add_argument(
+        "--no-calibrate", action="store_true", help="skip timing the target's forwards at start (auto policy)"
     )
     p.set_defaults(func=cmd_serve)
     return p
@@ -58,6 +74,7 @@ def served_name(model: str | None) -> str:
 def cmd_serve(a: argparse.Namespace) -> int:
     for flag, v in (
         ("--max-queue", a.max_queue),
+        ("--max-batch", a.max_batch),
         ("--max-tokens-limit", a.max_tokens_limit),
         ("--max-prompt-tokens", 1 if a.max_prompt_tokens is None else a.max_prompt_tokens),
         ("--port", a.port + 1),
@@ -74,7 +91,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
     spec = eyas.load(model=a.model, drafter=a.drafter, dtype=a.dtype, backend=a.backend, tree=a.tree)
     limits = ServeLimits(
-        max_queue=a.max_queue, max_tokens=a.max_tokens_limit, max_prompt_tokens=a.max_prompt_tokens
+        max_queue=a.max_queue, max_tokens=a.max_tokens_limit, max_prompt_tokens=a.max_prompt_tokens,
+        max_batch=a.max_batch, spec_policy=a.spec_policy, calibrate=not a.no_calibrate,
     )
     app = create_app(spec, a.served_model_name or served_name(a.model), limits)
     uvicorn.run(app, host=a.host, port=a.port, log_level="info")

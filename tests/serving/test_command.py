@@ -50,7 +50,14 @@ def test_flags():
     )
 
 
-@pytest.mark.parametrize("flag", ["--max-queue", "--max-tokens-limit", "--max-prompt-tokens"])
+def test_batching_flags():
+    a = _parse()
+    assert (a.max_batch, a.spec_policy, a.no_calibrate) == (8, "auto", False)
+    a = _parse("--max-batch", "16", "--spec-policy", "never", "--no-calibrate")
+    assert (a.max_batch, a.spec_policy, a.no_calibrate) == (16, "never", True)
+
+
+@pytest.mark.parametrize("flag", ["--max-queue", "--max-tokens-limit", "--max-prompt-tokens", "--max-batch"])
 def test_non_positive_limits_are_user_errors(flag):
     with pytest.raises(ValueError, match=flag):
         cmd_serve(_parse(flag, "0"))

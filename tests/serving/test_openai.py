@@ -118,3 +118,14 @@ def test_speculate_false_decodes_plainly(client, spec):
     assert off.choices[0].message.content == on.choices[0].message.content
     assert off.model_extra["eyas"]["drafted"] == 0
     assert on.model_extra["eyas"]["drafted"] > 0
+
+
+def test_held_back_tokens_reach_a_chunk(client):
+    """A long stop string holds text back for several steps; no token id is lost from the chunks."""
+    stream = client.completions.create(
+        model=MODEL, prompt="One, two, three,", max_tokens=16, temperature=0, stop=["zzzzzzzzzz"], stream=True
+    )
+    chunks = list(stream)
+    streamed = [t for c in chunks[:-1] for t in c.model_extra["eyas"]["token_ids"]]
+    assert streamed == chunks[-1].model_extra["eyas"]["token_ids"]
+    assert "".join(c.choices[0].text for c in chunks) != ""
