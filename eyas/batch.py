@@ -122,7 +122,7 @@ class BatchDecoder:
             events.append((row.key, dec._emit(row.seq, ver.tokens, ver.num_accepted)))
         if self.policy is not None:
             spent = time.perf_counter() - t0
-            self.policy.cost.observe(len(self.rows) * w, spent - drafting)
+            self.policy.cost.observe(len(self.rows) * w, len(self.rows), spent - drafting)
             drafted = sum(1 for _, full in drafts if full > 0)
             if drafted:
                 self.policy.observe_draft(drafting / drafted)
@@ -151,7 +151,7 @@ class BatchDecoder:
         out = self.target.forward(tokens, positions, self.cache.rows(0, b), start, mask, self.taps, kv_len=kv_len)
         return out, w
 
-    def calibrate(self, context: int = 128, repeats: int = 2) -> None:
+    def calibrate(self, context: int = 128, repeats: int = 3) -> None:
         """Seed the policy's cost table: time one forward of n tokens after ``context`` slots."""
         if self.policy is None or self.policy.cfg.mode != "auto":
             return

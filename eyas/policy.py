@@ -4,12 +4,13 @@ With B rows in a batch, verifying trees cut to their first ``w`` nodes costs one
 forward over B * w tokens plus the drafting, and yields ``tau(w)`` tokens per row. The
 policy picks, before every batched step, the width with the most tokens per second:
 
-    rate(w) = B * tau(w) / (cost(B * w) + B * draft_cost * [w > 1])      w = 1 is plain decoding
+    rate(w) = B * tau(w) / (cost(B * w, B) + B * draft_cost * [w > 1])      w = 1 is plain decoding
 
 Everything on the right is measured, none of it assumed:
 
-* ``cost(n)``: seconds per step with n tokens in the forward, seeded by a calibration at
-  start (one forward per n = 1, 2, 4, ...) and then tracked from real steps (EMA);
+* ``cost(n, B)``: seconds per step with n tokens in the forward over B rows: the forward
+  measured by a calibration at start (one forward per n = 1, 2, 4, ...), plus a per-row
+  host overhead learnt from real steps (EMA);
 * ``tau(w)``: mean tokens per step had the trees been cut to w nodes. Nodes are in
   topological order, so the accepted path's node indices increase and a cut at w keeps
   exactly the accepted nodes with index < w: every verified step measures tau(w) for all
@@ -46,13 +47,22 @@ class PolicyConfig:
 
 
 class CostTable:
-    """Seconds per step by tokens in the forward; piecewise linear between measured points."""
+    """Seconds per step: a forward over n tokens (piecewise linear) plus a per-row overhead.
 
-    def __init__(self, points: dict[int, float] | None = None, ema: float = 0.1) -> None:
+    Calibrated tables (``fixed``) keep their measured forward shape, and real steps teach
+    only the per-row host overhead (verification, commit, detokenising: what one forward of
+    n tokens on one row does not have); an uncalibrated table learns step times per n.
+    """
+
+    def __init__(self, points: dict[int, float] | None = None, ema: float = 0.1, fixed: bool = False) -> None:
         self.points = dict(points or {})
-        self.ema = ema
+        self.ema, self.fixed = ema, fixed
+        self.per_row = 0.0  # seconds per row per step beyond the forward (fixed tables only)
 
-    def __call__(self, n: int) -> float:
+    def __call__(self, n: int, rows: int = 1) -> float:
+        return self.forward(n) + rows * self.per_row
+
+    def forward(self, n: int) -> float:
         if not self.points:
             return float(n)  # nothing measured: proportional to tokens (only ratios matter)
         xs = sorted(self.points)
@@ -70,7 +80,11 @@ class CostTable:
         y0, y1 = self.points[x0], self.points[x1]
         return max(y0 + (y1 - y0) * (n - x0) / (x1 - x0), 0.0)
 
-    def observe(self, n: int, seconds: float) -> None:
+    def observe(self, n: int, rows: int, seconds: float) -> None:
+        if self.fixed:
+            extra = max(seconds - self.forward(n), 0.0) / rows
+            self.per_row = (1 - self.ema) * self.per_row + self.ema * extra
+            return
         old = self.points.get(n)
         self.points[n] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
 
@@ -126,34 +140,54 @@ class SpecPolicy:
     def rate(self, batch: int, w: int) -> float:
         """Predicted tokens per second for ``batch`` rows verifying ``w`` nodes each."""
         draft = batch * self.draft_cost if w > 1 else 0.0
-        return batch * self.curve.tau[w] / max(self.cost(batch * w) + draft, 1e-9)
+        return batch * self.curve.tau[w] / max(self.cost(batch * w, batch) + draft, 1e-9)
 
     def observe_draft(self, seconds_per_row: float) -> None:
         a = self.cfg.ema
         self.draft_cost = seconds_per_row if self.draft_cost == 0.0 else (1 - a) * self.draft_cost + a * seconds_per_row
 
-    def snapshot(self, batch: int) -> dict:
-        """The policy's current view, for /metrics and logs."""
+    def best(self, batch: int) -> int:
+        """The width ``width`` would pick for ``batch`` rows in auto mode, without exploring."""
+        return max(self.widths, key=lambda w: self.rate(batch, w))
+
+    def snapshot(self, batch: int, max_batch: int | None = None) -> dict:
+        """The policy's current view (``GET /v1/eyas/policy``, logs)."""
         return {
             "mode": self.cfg.mode,
-            "width": self.last_width,
-            "draft_ms": round(1000 * self.draft_cost, 3),
+            "last_width": self.last_width,
+            "draft_ms_per_row": round(1000 * self.draft_cost, 3),
             "tau": {w: round(self.curve.tau[w], 3) for w in self.widths},
+            "tau_observations": {w: self.curve.seen[w] for w in self.widths},
+            "forward_ms_by_tokens": {n: round(1000 * v, 2) for n, v in sorted(self.cost.points.items())},
+            "overhead_ms_per_row": round(1000 * self.cost.per_row, 3),
             "predicted_tok_s": {w: round(self.rate(batch, w), 2) for w in self.widths},
+            "best_width_by_batch": {b: self.best(b) for b in range(1, (max_batch or batch) + 1)},
         }
 
 
-def calibrate(forward: Callable[[int], None], max_tokens: int, repeats: int = 2) -> CostTable:
-    """Time ``forward(n)`` for n = 1, 2, 4, ... up to ``max_tokens``; best of ``repeats``."""
-    points, n = {}, 1
-    while True:
-        n = min(n, max_tokens)
+def calibrate(forward: Callable[[int], None], max_tokens: int, repeats: int = 3) -> CostTable:
+    """Time ``forward(n)`` for n = 1, 2, 4, ... up to ``max_tokens``: best of ``repeats``.
+
+    One untimed sweep first (first calls pay for allocation and kernel selection), then the
+    table is made non-decreasing from the right: more tokens never cost less, so a smaller
+    n measured slower than a larger one was noise.
+    """
+    sizes, n = [], 1
+    while n < max_tokens:
+        sizes.append(n)
+        n *= 2
+    sizes.append(max_tokens)
+    for n in sizes:
+        forward(n)
+    points = {}
+    for n in sizes:
         best = float("inf")
         for _ in range(repeats):
             t0 = time.perf_counter()
             forward(n)
             best = min(best, time.perf_counter() - t0)
         points[n] = best
-        if n >= max_tokens:
-            return CostTable(points)
-        n *= 2
+    low = float("inf")
+    for n in reversed(sizes):
+        low = points[n] = min(points[n], low)
+    return CostTable(points, fixed=True)

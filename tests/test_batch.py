@@ -165,7 +165,7 @@ def test_policy_narrows_as_the_batch_grows():
     widths = [policy.width(b) for b in (1, 2, 4, 16)]
     assert widths[0] == 9 and widths[-1] == 1
     assert widths == sorted(widths, reverse=True)
-    assert policy.snapshot(16)["width"] == 1
+    assert policy.snapshot(16)["last_width"] == 1 and policy.snapshot(16, 16)["best_width_by_batch"][16] == 1
 
 
 def test_calibrate_fills_the_cost_table(tiny):
@@ -174,3 +174,10 @@ def test_calibrate_fills_the_cost_table(tiny):
     batch.calibrate(context=8, repeats=1)
     assert sorted(batch.policy.cost.points) == [1, 2, 4, 8, 16, 18]
     assert all(v > 0 for v in batch.policy.cost.points.values())
+
+
+def test_calibrated_cost_learns_only_the_row_overhead():
+    cost = CostTable({1: 1.0, 16: 2.0}, ema=1.0, fixed=True)
+    cost.observe(16, rows=4, seconds=3.0)  # 1 s beyond the calibrated forward, over 4 rows
+    assert cost.points == {1: 1.0, 16: 2.0} and cost.per_row == pytest.approx(0.25)
+    assert cost(16, 8) == pytest.approx(4.0) and cost(8, 1) == pytest.approx(1.0 + 7 / 15 + 0.25)

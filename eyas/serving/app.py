@@ -66,6 +66,11 @@ def create_app(
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(state["server"].metrics.render(), media_type="text/plain; version=0.0.4")
 
+    @app.get("/v1/eyas/policy")
+    async def policy() -> dict:
+        """The speculation policy's measurements and choices (eyas.policy)."""
+        return state["server"].policy_view()
+
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [state["server"].model_card()]}
@@ -114,6 +119,17 @@ class Server:
         self.engine = Engine(spec, limits, self.metrics)
         self.context = spec.target.model.config.max_position_embeddings
         self.created = int(time.time())
+
+    def policy_view(self) -> dict:
+        policy, running = self.engine.batch.policy, self.metrics.running
+        if policy is None:
+            return {"mode": "none", "reason": "no drafter"}
+        for _ in range(5):  # the engine thread may add a cost point while we read
+            try:
+                return {"running": running, **policy.snapshot(max(running, 1), self.limits.max_batch)}
+            except RuntimeError:
+                time.sleep(0.001)
+        raise ApiError(503, "the policy is being updated; retry", None, "busy", "server_error")
 
     def model_card(self) -> dict:
         return {
