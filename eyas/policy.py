@@ -19,7 +19,8 @@ Everything on the right is measured, none of it assumed:
 
 At low load drafting pays and trees stay full; as B grows the forward leaves the flat,
 memory-bound part of ``cost`` and the policy narrows the trees, then drops to plain
-decoding. While plain, one step in ``explore_every`` still speculates so tau stays fresh.
+decoding. One step in ``explore_every`` verifies full trees, so tau(w) stays fresh for
+every w (a cut tree measures tau only up to its cut).
 Cutting a tree never changes outputs: a cut tree is still a valid tree (lossless).
 """
 
@@ -37,7 +38,7 @@ class PolicyConfig:
     mode: str = "auto"
     ema: float = 0.1  # weight of a new observation
     min_observations: int = 8  # verified steps before tau(w) is trusted (until then: full trees)
-    explore_every: int = 32  # while plain, speculate on one step in this many
+    explore_every: int = 32  # verify full trees on one step in this many (keeps tau(w) fresh)
 
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "always", "never"):
@@ -118,7 +119,7 @@ class SpecPolicy:
         self.curve = AcceptanceCurve(max_nodes, self.cfg.ema)
         self.draft_cost = 0.0
         self.widths = sorted({1, max_nodes} | {w for w in (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if w < max_nodes})
-        self._plain_steps = 0
+        self._steps = 0
         self.last_width = max_nodes
 
     def width(self, batch: int) -> int:
@@ -129,11 +130,11 @@ class SpecPolicy:
         elif self.curve.seen[self.max_nodes] < self.cfg.min_observations:
             w = self.max_nodes  # learn tau(w) for every w first
         else:
-            w = max(self.widths, key=lambda w: self.rate(batch, w))
-            if w == 1:
-                self._plain_steps += 1
-                if self._plain_steps % self.cfg.explore_every == 0:
-                    w = max(self.widths[1:], key=lambda w: self.rate(batch, w))
+            self._steps += 1
+            # one step in explore_every verifies full trees: a cut tree only measures tau up
+            # to its cut, so without this the wider widths' estimates would never refresh
+            explore = self._steps % self.cfg.explore_every == 0
+            w = self.max_nodes if explore else self.best(batch)
         self.last_width = w
         return w
 
