@@ -97,6 +97,9 @@ class Eagle3Layer(nn.Module):
 
 
 class Eagle3Head(nn.Module):
+    # EAGLE-3 heads ship no embedding: the drafter embeds with the target's (EagleDrafter._embed)
+    embed_tokens: nn.Module | None = None
+
     def __init__(self, cfg: Eagle3Config) -> None:
         super().__init__()
         self.cfg = cfg
@@ -171,9 +174,6 @@ class Eagle3Drafter(EagleDrafter):
         super().__init__(head=head, tree=tree, target_model=tm)
         self.taps = head.cfg.aux_layers
         self.expansion.id_map = head.draft_ids().to(tm.device)
-
-    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.target.embed(tokens).to(self.head_dtype)
 
     def _feature_in(self, feats: TargetFeatures) -> torch.Tensor:
         return self.head.fuse(torch.stack([feats.taps[i] for i in self.taps], dim=-2))
