@@ -29,10 +29,9 @@ from dataclasses import dataclass
 
 import torch
 
-from eyas.decode import SpecDecoder, StepEvent, _Seq
+from eyas.decode import SpecDecoder, StepEvent, _Seq, root_only
 from eyas.models.base import ForwardOutput, TargetModel
 from eyas.policy import SpecPolicy, calibrate
-from eyas.tree import make_tree
 from eyas.types import DraftOutput, Tree
 
 
@@ -130,11 +129,11 @@ class BatchDecoder:
 
     def _draft(self, row: _Row, width: int | None) -> tuple[DraftOutput, int]:
         """The row's tree (cut to ``width``) and the drafted tree's size (0: not drafted)."""
-        dec, root = row.dec, row.seq.history[-1:]
+        dec = row.dec
         if dec.cfg.seed is not None and not dec.cfg.sampling.greedy:
             width = None  # seeded sampling reproduces eyas generate only with the full trees
         if dec.drafter is None or width == 1:
-            return DraftOutput(tree=make_tree(root, torch.full_like(root, -1))), 0
+            return root_only(row.seq), 0
         draft = dec.draft(row.seq)
         return (draft if width is None else cut_tree(draft, width)), draft.tree.num_nodes
 

@@ -118,8 +118,7 @@ class SpecDecoder:
     # ---- the three verbs ------------------------------------------------------------------
     def draft(self, seq: _Seq) -> DraftOutput:
         if self.drafter is None:
-            root = seq.history[-1:]
-            return DraftOutput(tree=make_tree(root, torch.full_like(root, -1)))
+            return root_only(seq)
         return self.drafter.propose(seq.history, self.cfg.sampling, self.generator)
 
     def verify_forward(self, seq: _Seq, tree: Tree) -> ForwardOutput:
@@ -200,6 +199,12 @@ class SpecDecoder:
     @staticmethod
     def _done(seq: _Seq) -> bool:
         return seq.finished
+
+
+def root_only(seq: _Seq) -> DraftOutput:
+    """The tree of a plain step: the root (the last sampled token) alone."""
+    root = seq.history[-1:]
+    return DraftOutput(tree=make_tree(root, torch.full_like(root, -1)))
 
 
 def _features(out: ForwardOutput, rows: torch.Tensor) -> TargetFeatures:
