@@ -116,7 +116,7 @@ class BatchDecoder:
             ver = dec.verifier(draft, out_b.logits[0], dec.generator)
             dec.commit(row.seq, draft.tree, ver, out_b)
             dec.stats.record(n - 1, ver.num_accepted)
-            if self.policy is not None and dec.drafter is not None and full_nodes > 1:
+            if self.policy is not None and full_nodes > 0:  # drafted, a miss (root only) included
                 self.policy.curve.observe(full_nodes, n, ver.path.tolist())
             events.append((row.key, dec._emit(row.seq, ver.tokens, ver.num_accepted)))
         if self.policy is not None:

@@ -153,6 +153,23 @@ def test_acceptance_curve_counterfactual():
     assert curve.tau[2:] == [2.0, 2.0, 2.0, 3.0, 3.0]  # a cut below node 4 keeps only node 1
     curve.observe(tree_nodes=6, verified=3, path=[0, 2])  # cut at 3: w > 3 unknown, untouched
     assert curve.tau[2:] == [1.0, 2.0, 2.0, 3.0, 3.0] and curve.seen[4] == 1
+    curve.observe(tree_nodes=1, verified=1, path=[0])  # a drafter miss: one token at every width
+    assert curve.tau[2:] == [1.0] * 5 and curve.seen[6] == 2
+
+
+def test_drafter_misses_count_in_tau(tiny):
+    """Steps where the drafter proposes nothing are part of tau(w): leaving them out inflates it."""
+
+    class Silent(NgramDrafter):
+        def propose(self, history, sampling, generator=None):
+            root = history[-1:]
+            return DraftOutput(tree=make_tree(root, torch.full_like(root, -1)))
+
+    target = tiny.native("llama", seed=0)
+    policy = SpecPolicy(9, PolicyConfig(mode="always"))
+    batch = make_batch(target, Silent(), max_batch=2, policy=policy)
+    run_batch(batch, {0: (prompt_ids(5), {"max_new_tokens": 6})})
+    assert policy.curve.seen[9] == 5 and policy.curve.tau[9] == 1.0
 
 
 def test_policy_narrows_as_the_batch_grows():
