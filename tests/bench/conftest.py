@@ -48,4 +48,9 @@ def eyas_url(default_target, serve):
     from eyas.serving.engine import ServeLimits
 
     spec = Speculator(default_target, DrafterSpec("ngram"))
-    return serve(create_app(spec, SERVED, ServeLimits(max_queue=16, max_tokens=64, max_prompt_tokens=256)))
+    # full trees always: under "auto" the measured policy may (rightly) decode plainly on a slow
+    # CPU, and whether the speculative side drafts would then depend on timing
+    limits = ServeLimits(
+        max_queue=16, max_tokens=64, max_prompt_tokens=256, spec_policy="always", calibrate=False
+    )
+    return serve(create_app(spec, SERVED, limits))
