@@ -25,7 +25,7 @@ from eyas.drafters.base import TargetFeatures, register_drafter
 from eyas.drafters.eagle import EagleDrafter
 from eyas.models.base import causal_mask
 from eyas.models.config import ModelConfig
-from eyas.models.native import MLP, Attention, RMSNorm, rope_tables
+from eyas.models.native import MLP, Attention, RMSNorm, rope_tables, vocab_logits
 
 
 def default_eagle3_taps(num_layers: int) -> tuple[int, int, int]:
@@ -135,7 +135,7 @@ class Eagle3Head(nn.Module):
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """[..., H] pre-norm outputs -> [..., Vd] draft-vocabulary logits."""
-        return self.lm_head(self.norm(out))
+        return vocab_logits(self.lm_head, self.norm(out))
 
     def forward(self, emb, hid, positions, cache, start: int, mask) -> torch.Tensor:
         """emb, hid: [B, T, H]; positions [B, T]; mask [B, T, S] bool or None -> [B, T, H] pre-norm."""

@@ -43,6 +43,33 @@ def rope_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dt
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+def vocab_logits(proj: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """x [..., H] -> [..., V] = proj(x), with the fastest GEMM shape for a frozen fp32 CPU projection.
+
+    A vocabulary projection over a few rows is bound by streaming the [V, H] weight. On CPU in
+    float32 (measured on the project's AVX2 VM, 2 threads, V = 49152, H = 576) ``F.linear``
+    reaches 4-9 GB/s at 1-16 rows: 12.7 ms at 1 row, 30 ms at 9. A transposed copy makes the
+    1-row product a GEMV at twice the speed (6.4 ms), and ``W @ x.T`` (the weight as the tall
+    operand) runs 4-16 rows at 11-22 ms. Same dot products, other accumulation order (float
+    rounding only). Anything else (GPU, bf16, training, many rows) takes ``F.linear``.
+    """
+    w = proj.weight
+    rows = x.reshape(-1, x.shape[-1])
+    m = rows.shape[0]
+    if w.device.type != "cpu" or w.dtype != torch.float32 or w.requires_grad or m > 64 or proj.bias is not None:
+        return proj(x)
+    if m == 1:
+        wt = getattr(proj, "_eyas_wt", None)
+        key = (w.data_ptr(), w._version)
+        if wt is None or wt[0] != key:
+            wt = (key, w.detach().t().contiguous())  # [H, V], made once per weight version
+            proj._eyas_wt = wt
+        out = rows @ wt[1]
+    else:
+        out = torch.mm(w, rows.t()).t()
+    return out.reshape(*x.shape[:-1], w.shape[0])
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -164,7 +191,7 @@ class NativeLlama(nn.Module, TargetModel):
         return self.model.embed_tokens(tokens)
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head_proj(hidden)
+        return vocab_logits(self.lm_head_proj, hidden)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_tables(self.inv_freq, positions, self.dtype)

@@ -105,3 +105,19 @@ def test_default_target_matches_hf(default_target):
         torch.testing.assert_close(out.taps[i], ref.hidden_states[i][:, half:], atol=DEFAULT_ATOL, rtol=0)
     torch.testing.assert_close(out.hidden, ref.hidden_states[-1][:, half:], atol=DEFAULT_ATOL, rtol=0)
     assert torch.equal(out.logits.argmax(-1), ref.logits[:, half:].argmax(-1))
+
+
+def test_vocab_logits_matches_linear_and_follows_weight_updates():
+    from eyas.models.native import vocab_logits
+
+    torch.manual_seed(0)
+    proj = torch.nn.Linear(16, 40, bias=False).requires_grad_(False)
+    for m in (1, 2, 9, 70):  # transposed-copy GEMV, W @ x.T, F.linear
+        x = torch.randn(1, m, 16)
+        torch.testing.assert_close(vocab_logits(proj, x), torch.nn.functional.linear(x, proj.weight))
+    x = torch.randn(1, 1, 16)
+    vocab_logits(proj, x)
+    proj.weight.mul_(2.0)  # the cached transposed copy must not go stale
+    torch.testing.assert_close(vocab_logits(proj, x), torch.nn.functional.linear(x, proj.weight))
+    trainable = torch.nn.Linear(16, 40, bias=False)  # training: the autograd path, untouched
+    assert vocab_logits(trainable, torch.randn(3, 16)).grad_fn is not None
