@@ -67,3 +67,31 @@ def plot_load(report: dict, out: str) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
+
+
+def plot_train(records: list[dict], out: str) -> None:
+    """`eyas train` log records -> held-aside tau and step-0 top-1 accuracy against training tokens."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    evals = {r["step"]: r for r in records if "eval" in r}  # a resumed run may repeat a step
+    steps = {r["step"]: r for r in records if "acc0" in r}
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.plot([r["tokens"] for r in steps.values()], [r["acc0"] for r in steps.values()], ".", color="#3b7dd8",
+            ms=3, alpha=0.6, label="step-0 top-1 accuracy (training batches)")
+    ax.set_xlabel("training tokens (assistant)")
+    ax.set_ylabel("accuracy")
+    ax2 = ax.twinx()
+    ev = sorted(evals.values(), key=lambda r: r["step"])
+    ax2.plot([r["tokens"] for r in ev], [r["eval"]["tau"] for r in ev], "o-", color="#d8703b",
+             label="held-aside tau")
+    ax2.set_ylabel("mean accepted length (tau)")
+    ax2.set_ylim(1.0, max([2.0] + [1.1 * r["eval"]["tau"] for r in ev]))  # tau >= 1: the axis starts there
+    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    ax.legend(handles=handles, loc="upper left", fontsize=8)
+    ax.set_title("drafter training: acceptance against training tokens", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)

@@ -191,6 +191,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
         export_head(cfg, objective, loaded, out / "head")
         summary["head"] = str(out / "head")
         (out / "train_summary.json").write_text(json.dumps(summary, indent=1))
+        _plot_history(history, out / "train_curve.png")
         log(f"trained {cfg.kind} head: {summary}")
     acc.wait_for_everyone()
     return summary
@@ -230,3 +231,11 @@ def _evaluate(cfg, objective, target, hold_ex, state, history: Path, log) -> dic
         f.write(json.dumps(rec) + "\n")
     log(f"step {state['step']}: held-aside acceptance {res}")
     return res
+
+
+def _plot_history(history: Path, out: Path) -> None:
+    """OUT/train_curve.png: held-aside tau and step-0 accuracy against training tokens."""
+    from eyas.bench.plot import plot_train
+
+    records = [json.loads(line) for line in history.read_text().splitlines() if line.strip()]
+    plot_train(records, str(out))

@@ -52,6 +52,7 @@ def test_train_resume_and_export(data, tmp_path, capsys):
     assert _state(out)["step"] == 3
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["steps"] == 3 and summary["eval"]["tau"] >= 1.0
+    assert (out / "train_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # tau against tokens
     head = out / "head"
     assert (head / "config.json").exists() and (head / "model.safetensors").exists()
     # the exported head drafts for the target it was trained on, losslessly
