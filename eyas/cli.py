@@ -110,7 +110,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if a.compare_plain:
         p = _plain_summary(spec, a, params, None)
         same = "identical" if p["token_ids"] == ids else "DIFFERENT"
-        print(f"[plain decoding: {p['tokens_per_second']:.1f} tok/s -> speedup {len(ids) / dt / p['tokens_per_second']:.2f}x; "
+        speedup = len(ids) / dt / p["tokens_per_second"]
+        print(f"[plain decoding: {p['tokens_per_second']:.1f} tok/s -> speedup {speedup:.2f}x; "
               f"output {same} to plain decoding]", file=sys.stderr)
     return 0
 

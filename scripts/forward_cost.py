@@ -55,7 +55,8 @@ def main() -> None:
                 emb = torch.randn(1, f, hc.hidden_size, dtype=d.head_dtype)
                 pos = torch.full((1, f), 300)
                 mask = torch.ones(1, f, 300 + f, dtype=torch.bool)
-                run = lambda: d._logp(d.head(emb, emb, pos, cache, 300, mask))  # noqa: E731
+                def run(d=d, emb=emb, pos=pos, cache=cache, mask=mask):
+                    return d._logp(d.head(emb, emb, pos, cache, 300, mask))
                 run()
                 t0 = time.perf_counter()
                 for _ in range(5):

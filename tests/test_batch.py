@@ -68,7 +68,7 @@ def ngram():
 def test_rows_equal_their_solo_runs(tiny, kind):
     target = tiny.native(kind, seed=0)
     lens, news = (1, 7, 30, 12, 3), (24, 9, 17, 30, 5)
-    jobs = {i: (prompt_ids(p, seed=i), {"max_new_tokens": n}) for i, (p, n) in enumerate(zip(lens, news))}
+    jobs = {i: (prompt_ids(p, seed=i), {"max_new_tokens": n}) for i, (p, n) in enumerate(zip(lens, news, strict=True))}
     joins = {0: 0, 1: 0, 2: 3, 3: 5, 4: 6}  # rows join mid-way, short ones leave early
     got = run_batch(make_batch(target, ngram(), max_batch=3), jobs, joins)
     for k, (prompt, params) in jobs.items():
@@ -121,7 +121,7 @@ def test_seeded_sampling_rows_equal_solo(tiny):
     cfg = {"sampling": SamplingParams(temperature=0.8, top_k=20)}
     jobs = {i: (prompt_ids(6 + i, seed=i), {"max_new_tokens": 16, "seed": 100 + i}) for i in range(3)}
     got = run_batch(make_batch(target, ngram(), max_batch=3, **cfg), jobs)
-    for k, (prompt, params) in jobs.items():
+    for k, (prompt, _params) in jobs.items():
         ref = solo(target, ngram(), prompt, 16, seed=100 + k, **cfg)
         assert got[k] == ref
 

@@ -95,7 +95,7 @@ def read_questions(path: str, limit: int | None) -> list[dict]:
 
 
 def _agreement(a: list[int], b: list[int]) -> float:
-    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
     return n / max(len(a), len(b), 1)
 
 

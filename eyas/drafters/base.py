@@ -49,7 +49,7 @@ class Drafter(ABC):
     # the largest tree (nodes incl. root) propose() can return; sizes the caches
     max_nodes: int = 1
 
-    def start(self, max_slots: int) -> None:
+    def start(self, max_slots: int) -> None:  # noqa: B027 (optional hook: stateless drafters keep it)
         """Reset per-sequence state; ``max_slots`` bounds the sequence length."""
 
     def fork(self) -> Drafter:
@@ -61,7 +61,7 @@ class Drafter(ABC):
         """
         return copy.copy(self)
 
-    def extend(self, tokens: torch.Tensor, feats: TargetFeatures) -> None:
+    def extend(self, tokens: torch.Tensor, feats: TargetFeatures) -> None:  # noqa: B027 (optional hook)
         """Record committed tokens ([M] long) and the target features before each."""
 
     @abstractmethod

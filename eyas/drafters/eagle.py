@@ -86,7 +86,8 @@ def load_eagle_head(p: Path, target_cfg: ModelConfig, dtype: torch.dtype) -> Eag
             f"size is {target_cfg.hidden_size}: this head was trained for a different target model"
         )
     if bias != ("fc.bias" in sd):
-        raise HeadMismatchError(f"EAGLE head {p}: config says bias={bias} but fc.bias is {'missing' if bias else 'present'}")
+        state = "missing" if bias else "present"
+        raise HeadMismatchError(f"EAGLE head {p}: config says bias={bias} but fc.bias is {state}")
     head = EagleHead(cfg, bias=bias, with_embedding="embed_tokens.weight" in sd)
     try:
         missing, unexpected = head.load_state_dict(sd, strict=False)

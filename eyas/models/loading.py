@@ -124,7 +124,8 @@ def gguf_to_dir(gguf: Path) -> Path:
     cfg = hf.config.to_dict()
     cfg.pop("quantization_config", None)
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-    sd = {k: v.contiguous() for k, v in hf.state_dict().items() if not (cfg.get("tie_word_embeddings") and k == "lm_head.weight")}
+    tied = cfg.get("tie_word_embeddings")
+    sd = {k: v.contiguous() for k, v in hf.state_dict().items() if not (tied and k == "lm_head.weight")}
     save_file(sd, str(tmp / "model.safetensors"))
     tok.save_pretrained(tmp)
     if out.exists():  # a stale partial conversion

@@ -56,7 +56,8 @@ def vocab_logits(proj: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     w = proj.weight
     rows = x.reshape(-1, x.shape[-1])
     m = rows.shape[0]
-    if w.device.type != "cpu" or w.dtype != torch.float32 or w.requires_grad or m > 64 or proj.bias is not None:
+    fast = w.device.type == "cpu" and w.dtype == torch.float32 and proj.bias is None
+    if not fast or w.requires_grad or m > 64:
         return proj(x)
     if m == 1:
         wt = getattr(proj, "_eyas_wt", None)

@@ -19,6 +19,7 @@ import torch
 
 from eyas.data.sources import chat_messages
 
+
 @dataclass
 class Example:
     # [T] long
@@ -129,7 +130,8 @@ def token_batches(examples: list[Example], max_tokens: int, seed: int) -> list[l
     return [batches[i] for i in perm]
 
 
-def draft_vocab(examples: list[Example], vocab_size: int, size: int, always: list[int] = ()) -> tuple[torch.Tensor, float]:
+def draft_vocab(examples: list[Example], vocab_size: int, size: int,
+                always: list[int] = ()) -> tuple[torch.Tensor, float]:
     """Most frequent assistant tokens -> ([size] sorted target ids, coverage of assistant tokens)."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for e in examples:

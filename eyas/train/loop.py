@@ -150,7 +150,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg, total))
     state = load_checkpoint(out, head, opt, sched) or {"step": 0, "epoch": 0, "batch": 0, "tokens": 0, "seconds": 0.0}
     if state["step"]:
-        log(f"resuming from {out / 'checkpoint'} at step {state['step']} (epoch {state['epoch']}, batch {state['batch']})")
+        where = f"step {state['step']} (epoch {state['epoch']}, batch {state['batch']})"
+        log(f"resuming from {out / 'checkpoint'} at {where}")
     wrapped, opt = acc.prepare(_Wrapped(objective), opt)
     featurize = _feature_source(cfg, target, objective)
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))

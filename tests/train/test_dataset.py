@@ -13,7 +13,8 @@ def test_sharegpt_and_openai_records_read_alike(tmp_path):
     f = tmp_path / "d.jsonl"
     f.write_text("\n".join([
         json.dumps({"id": "a", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}),
-        json.dumps({"id": "b", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}),
+        json.dumps({"id": "b", "messages": [{"role": "user", "content": "hi"},
+                                            {"role": "assistant", "content": "yo"}]}),
         json.dumps({"id": "c", "messages": [{"role": "user", "content": "no answer"}]}),  # nothing to learn
         '{"id": "d", "messa',  # a line truncated by a kill
     ]) + "\n")
