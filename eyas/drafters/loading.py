@@ -28,8 +28,8 @@ class DrafterSpec:
 
 # heads trained by eyas that are the *default* drafter of a target: target name -> directory under
 # eyas/heads. Empty for now: the shipped SmolLM2 head (eyas/heads/smollm2-135m-instruct-eagle3,
-# tau 1.7-1.8 after 247k training tokens) is slower than plain decoding on the CPU kind it was
-# trained on (docs/heads.md), so prompt lookup stays the default until a head pays.
+# held-aside tau 2.0 after 831k training tokens) is still slower than plain decoding on the CPU
+# kind it was trained on (docs/heads.md), so prompt lookup stays the default until a head pays.
 SHIPPED_HEADS: dict[str, str] = {}
 
 
