@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from eyas.drafters.base import Drafter, TargetFeatures
-from eyas.models.base import ForwardOutput, TargetModel, causal_mask
+from eyas.models.base import ForwardOutput, PathAttention, TargetModel, causal_mask
 from eyas.tree import make_tree
 from eyas.types import DraftOutput, SamplingParams, StepStats, Tree, VerifyOutput
 from eyas.verify import TypicalConfig, logits_to_probs, sample, verify_greedy, verify_sampling, verify_typical
@@ -37,6 +37,8 @@ class DecodeConfig:
     # prompt + max_new_tokens + exact_width + 1 keys, whatever the drafter (None: its tree size)
     exact_width: int | None = None
     prefill_chunk: int = 512
+    # exact mode keeps exact_width copies of the KV cache for tree attention (PathAttention) up to this size
+    max_mirror_bytes: int = 2 << 30
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -59,6 +61,8 @@ class _Seq:
     history: torch.Tensor  # [n] long, all tokens, the last one (root) not yet in the cache
     cache: object
     cached: int  # slots holding committed tokens
+    # exact mode with path attention: W rows, each a copy of the committed prefix (PathAttention)
+    mirror: object | None = None
     emitted: int = 0
     finished: bool = False
 
@@ -124,13 +128,20 @@ class SpecDecoder:
     def verify_forward(self, seq: _Seq, tree: Tree) -> ForwardOutput:
         """One target forward over the tree nodes at slots after the cached prefix."""
         n, start = tree.num_nodes, seq.cached
+        positions = start + tree.depth
+        if seq.mirror is not None:
+            # each node attends prefix + its own path in consecutive slots, as plain decoding lays them out
+            paths = PathAttention.from_tree_mask(tree.mask, start, self.kv_len, seq.mirror)
+            return self._forward(tree.tokens, positions, seq.cache, start, None, paths=paths)
         mask = torch.ones(n, start + n, dtype=torch.bool, device=tree.mask.device)
         mask[:, start:] = tree.mask
-        return self._forward(tree.tokens, start + tree.depth, seq.cache, start, mask)
+        return self._forward(tree.tokens, positions, seq.cache, start, mask)
 
     def commit(self, seq: _Seq, tree: Tree, ver: VerifyOutput, out: ForwardOutput) -> None:
         """Move accepted KV entries into place, extend history, feed the drafter."""
         self.target.commit(seq.cache, seq.cached, ver.path)
+        if seq.mirror is not None:
+            seq.mirror.broadcast_from(seq.cache, seq.cached, seq.cached + ver.path.shape[0])
         seq.cached += ver.path.shape[0]
         seq.history = torch.cat([seq.history, ver.tokens])
         if self.drafter is not None:
@@ -148,6 +159,7 @@ class SpecDecoder:
                 f"context of {limit} tokens; shorten the prompt or lower max_new_tokens"
             )
         self.stats = StepStats()
+        own_cache = cache is None
         cache = cache if cache is not None else self.target.new_cache(1, budget)
         self.kv_len = budget if self.cfg.exact else None
         outs = []
@@ -160,19 +172,34 @@ class SpecDecoder:
             self.drafter.start(budget)
             feats = _cat_features(outs)
             self.drafter.extend(torch.cat([prompt[1:], first]), feats)
-        return _Seq(history=torch.cat([prompt, first]), cache=cache, cached=t)
+        mirror = self._new_mirror(cache, budget) if own_cache else None
+        if mirror is not None:
+            mirror.broadcast_from(cache, 0, t)
+        return _Seq(history=torch.cat([prompt, first]), cache=cache, cached=t, mirror=mirror)
 
-    def _forward(self, tokens, positions, cache, start, mask, prefill=False) -> ForwardOutput:
+    def _new_mirror(self, cache, budget: int):
+        """Exact mode's per-row cache copies (PathAttention), when the target supports them and they fit."""
+        if not (self.cfg.exact and self.target.path_attention and self.width > 1):
+            return None
+        if self.width * cache.nbytes > self.cfg.max_mirror_bytes:
+            return None  # too large: exact mode falls back to one shared layout (chains stay exact, trees may drift)
+        return self.target.new_cache(self.width, budget)
+
+    def _forward(self, tokens, positions, cache, start, mask, prefill=False, paths=None) -> ForwardOutput:
         """tokens, positions: [T]; mask: [T, S] or None (causal). Adds the batch dim."""
         t = tokens.shape[0]
         if self.cfg.exact and not prefill and t < self.width:
-            tokens, positions, mask = _pad_to_width(tokens, positions, mask, start, self.width)
+            if paths is not None:  # paths masks the padding rows (they attend slot 0 only)
+                tokens, positions = _pad_rows(tokens, self.width), _pad_rows(positions, self.width)
+            else:
+                tokens, positions, mask = _pad_to_width(tokens, positions, mask, start, self.width)
         kv_len = self.kv_len  # None unless exact; the target builds a causal mask when mask is None
         if kv_len is not None and mask is not None:
             mask = torch.nn.functional.pad(mask, (0, kv_len - mask.shape[1]))
+        extra = {"paths": paths} if paths is not None else {}
         out = self.target.forward(
             tokens[None], positions[None], cache, start, None if mask is None else mask[None], self.taps,
-            logits_idx=torch.tensor([t - 1], device=tokens.device) if prefill else None, kv_len=kv_len,
+            logits_idx=torch.tensor([t - 1], device=tokens.device) if prefill else None, kv_len=kv_len, **extra,
         )
         if out.hidden.shape[1] != t and not prefill:
             out = ForwardOutput(out.logits[:, :t], out.hidden[:, :t], {k: v[:, :t] for k, v in out.taps.items()})
@@ -215,6 +242,11 @@ def _cat_features(outs: list[ForwardOutput]) -> TargetFeatures:
     hidden = torch.cat([o.hidden[0] for o in outs])
     taps = {k: torch.cat([o.taps[k][0] for o in outs]) for k in outs[0].taps}
     return TargetFeatures(hidden=hidden, taps=taps)
+
+
+def _pad_rows(x: torch.Tensor, width: int) -> torch.Tensor:
+    """[T] -> [width], repeating the last entry (padding rows' tokens/positions, never read)."""
+    return torch.cat([x, x[-1:].expand(width - x.shape[0])])
 
 
 def _pad_to_width(tokens, positions, mask, start, width):

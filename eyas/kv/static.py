@@ -94,3 +94,12 @@ class KVCache:
         # gather first, then write, so overlapping source/target slots are safe
         self.k[:, :, :, start : start + a] = self.k.index_select(3, idx)
         self.v[:, :, :, start : start + a] = self.v.index_select(3, idx)
+
+    def broadcast_from(self, src: KVCache, lo: int, hi: int) -> None:
+        """Copy slots lo .. hi of ``src``'s row 0 into every row of this cache (exact mode's mirror)."""
+        self.k[:, :, :, lo:hi] = src.k[:, :1, :, lo:hi]
+        self.v[:, :, :, lo:hi] = src.v[:, :1, :, lo:hi]
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2

@@ -26,6 +26,48 @@ class ForwardOutput:
     taps: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
+@dataclass
+class PathAttention:
+    """Batch-invariant tree attention for exact mode (batch of one).
+
+    In a tree forward an accepted node's ancestors sit among their siblings' slots, while plain
+    decoding computes the same token with its ancestors in consecutive slots. Attention reduces
+    over the key slots in blocks and vector lanes, so in bf16 the two layouts round differently
+    and greedy outputs drift. With a ``PathAttention`` every query row r reads its own copy of
+    the cache, ``mirror`` row r: the committed prefix followed by r's root-to-node path in
+    consecutive slots ``start, start + 1, ...``, the layout plain decoding uses. All rows go
+    through one attention call of fixed shape, plain steps included, so a node's attention
+    rounds exactly as when plain decoding computes that token.
+    """
+
+    # [W, W] long: row r's path (tree-node indices, root first, r last), then filler (masked)
+    order: torch.Tensor
+    # [W] long: path lengths, 0 for padding rows
+    lengths: torch.Tensor
+    # [W, 1, 1, S] bool: row r attends slots < start + len(path r) (padding rows: slot 0 only)
+    masks: torch.Tensor
+    # a KV cache with W rows, prefix kept equal to the real cache's (see SpecDecoder)
+    mirror: object
+
+    @classmethod
+    def from_tree_mask(cls, tree_mask: torch.Tensor, start: int, kv_len: int, mirror) -> PathAttention:
+        """tree_mask: [N, N] bool ancestor-or-self, nodes topologically ordered; W = mirror rows >= N."""
+        n, w, dev = tree_mask.shape[0], int(mirror.k.shape[1]), tree_mask.device
+        full = torch.eye(w, dtype=torch.bool, device=dev)
+        full[:n, :n] = tree_mask
+        cols = torch.arange(w, device=dev).expand(w, w)
+        order = torch.where(full, cols, cols + w).argsort(dim=1)  # path nodes first, ascending
+        lengths = torch.where(torch.arange(w, device=dev) < n, full.sum(1), 0)
+        ends = torch.where(lengths > 0, start + lengths, 1)
+        masks = torch.arange(kv_len, device=dev)[None] < ends[:, None]  # [W, S]
+        return cls(order=order, lengths=lengths, masks=masks[:, None, None], mirror=mirror)
+
+    @property
+    def paths(self) -> list[list[int]]:
+        """Each real row's path as host lists (tests, debugging)."""
+        return [row[:k].tolist() for row, k in zip(self.order, self.lengths.tolist(), strict=True) if k]
+
+
 class TargetModel(ABC):
     """A causal LM that eyas can speculate on."""
 
@@ -33,6 +75,8 @@ class TargetModel(ABC):
     # forward() takes ``start`` as a [B] long tensor too (one committed length per row), so
     # sequences of different lengths share one batched forward (eyas.batch)
     row_starts: bool = False
+    # forward() takes ``paths`` (a PathAttention): exact mode is batch-invariant for trees too
+    path_attention: bool = False
 
     @property
     @abstractmethod
@@ -62,6 +106,8 @@ class TargetModel(ABC):
         # [R] long rows of T to compute logits for; None = all
         logits_idx: torch.Tensor | None = None,
         kv_len: int | None = None,
+        # exact mode (batch of one, ``path_attention`` targets): per-row path attention instead of ``mask``
+        paths: PathAttention | None = None,
     ) -> ForwardOutput:
         """Run T new tokens after ``start`` cached slots."""
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eyas.kv.static import KVCache
-from eyas.models.base import ForwardOutput, TargetModel, causal_mask
+from eyas.models.base import ForwardOutput, PathAttention, TargetModel, causal_mask
 from eyas.models.config import ModelConfig
 
 
@@ -97,13 +97,33 @@ class Attention(nn.Module):
         q, k, v = (z.transpose(1, 2) for z in (q, k, v))
         return apply_rope(q, *rope), apply_rope(k, *rope), v
 
-    def forward(self, x, rope, cache: KVCache, layer: int, start: int, mask, kv_len: int):
+    def forward(self, x, rope, cache: KVCache, layer: int, start: int, mask, kv_len: int, paths=None):
         """x: [B, T, D]; rope: (cos, sin) [B, 1, T, Dh]; mask: [B, 1, T, S] bool or None."""
         b, t, _ = x.shape
         q, k, v = self.project(x, rope)
         keys, values = cache.update(layer, start, k, v, kv_len)  # [B, Hk, S, Dh]
-        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.hk != self.h)
+        if paths is not None:
+            y = self._path_attention(q, k, v, layer, start, paths)
+        else:
+            y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.hk != self.h)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, self.h * self.dh))
+
+    def _path_attention(self, q, k, v, layer: int, start: int, paths: PathAttention) -> torch.Tensor:
+        """Every query row over its own mirror row: prefix + its path in consecutive slots.
+
+        q: [1, H, W, Dh]; k, v: [1, Hk, W, Dh] the new entries. Returns [1, H, W, Dh]. The G = H / Hk
+        query heads sharing a KV head ride as G query rows, so no KV head is repeated.
+        """
+        w, g, kv_len = q.shape[2], self.h // self.hk, paths.masks.shape[-1]
+        mk, mv = paths.mirror.k[layer], paths.mirror.v[layer]  # [W, Hk, S_max, Dh]
+        if mk.shape[0] != w:
+            raise ValueError(f"path attention: {w} query rows but a mirror of {mk.shape[0]} rows")
+        # row r, slot start + j <- node order[r, j]: [Hk, W, W, Dh] -> [W, Hk, W, Dh]
+        mk[:, :, start : start + w] = k[0][:, paths.order].transpose(0, 1)
+        mv[:, :, start : start + w] = v[0][:, paths.order].transpose(0, 1)
+        qr = q[0].view(self.hk, g, w, self.dh).permute(2, 0, 1, 3)  # [W, Hk, G, Dh]
+        y = F.scaled_dot_product_attention(qr, mk[:, :, :kv_len], mv[:, :, :kv_len], attn_mask=paths.masks)
+        return y.permute(1, 2, 0, 3).reshape(1, self.h, w, self.dh)
 
 
 class MLP(nn.Module):
@@ -125,8 +145,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, rope, cache, layer, start, mask, kv_len):
-        x = x + self.self_attn(self.input_layernorm(x), rope, cache, layer, start, mask, kv_len)
+    def forward(self, x, rope, cache, layer, start, mask, kv_len, paths=None):
+        x = x + self.self_attn(self.input_layernorm(x), rope, cache, layer, start, mask, kv_len, paths)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -144,6 +164,7 @@ class NativeLlama(nn.Module, TargetModel):
     """The fast target backend."""
 
     row_starts = True
+    path_attention = True
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -198,10 +219,16 @@ class NativeLlama(nn.Module, TargetModel):
         return rope_tables(self.inv_freq, positions, self.dtype)
 
     @torch.inference_mode()
-    def forward(self, tokens, positions, cache, start, mask=None, taps=(), logits_idx=None, kv_len=None):
+    def forward(
+        self, tokens, positions, cache, start, mask=None, taps=(), logits_idx=None, kv_len=None, paths=None
+    ):
         b, t = tokens.shape
         kv_len = kv_len if kv_len is not None else start + t
-        if mask is None and (t > 1 or kv_len != start + t):
+        if paths is not None and (b != 1 or not isinstance(start, int)):
+            raise ValueError("path attention (exact mode) runs a batch of one")
+        if paths is not None:
+            mask = None  # each row's mask is in paths
+        elif mask is None and (t > 1 or kv_len != start + t):
             mask = causal_mask(t, start, kv_len, tokens.device).expand(b, t, kv_len)
         attn_mask = None if mask is None else mask[:, None]  # [B, 1, T, S]
         rope = self.rope(positions)
@@ -210,7 +237,7 @@ class NativeLlama(nn.Module, TargetModel):
         for i, layer in enumerate(self.model.layers):
             if i in taps:
                 tapped[i] = x
-            x = layer(x, rope, cache, i, start, attn_mask, kv_len)
+            x = layer(x, rope, cache, i, start, attn_mask, kv_len, paths)
         hidden = self.model.norm(x)
         rows = hidden if logits_idx is None else hidden[:, logits_idx]
         return ForwardOutput(logits=self.lm_head(rows).float(), hidden=hidden, taps=tapped)

@@ -1,0 +1,34 @@
+"""Write a tuning question set (EAGLE question.jsonl format) from MT-Bench-101 first turns.
+
+Trees and other inference settings are tuned on these, never on the evaluation sets
+(MT-bench, HumanEval, GSM8K, Alpaca eval). MT-Bench-101 is training-distribution data that
+the shipped head was not trained on (docs/heads.md).
+
+python scripts/tune_questions.py --out /tmp/tune.jsonl [--count 24] [--data-dir ../shared/data/train]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--count", type=int, default=24)
+    ap.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared/data/train"))
+    a = ap.parse_args()
+    records = [json.loads(line) for line in open(Path(a.data_dir) / "mt_bench_101/mtbench101.jsonl")]
+    stride = max(1, len(records) // a.count)
+    picked = records[::stride][: a.count]  # spread over all task kinds (the file is grouped by task)
+    with open(a.out, "w") as f:
+        for r in picked:
+            turn = r["history"][0]["user"]
+            f.write(json.dumps({"question_id": r["id"], "category": r["task"], "turns": [turn]}) + "\n")
+    print(f"wrote {len(picked)} questions to {a.out}")
+
+
+if __name__ == "__main__":
+    main()
