@@ -37,7 +37,8 @@ class PathAttention:
     the cache, ``mirror`` row r: the committed prefix followed by r's root-to-node path in
     consecutive slots ``start, start + 1, ...``, the layout plain decoding uses. All rows go
     through one attention call of fixed shape, plain steps included, so a node's attention
-    rounds exactly as when plain decoding computes that token.
+    rounds exactly as when plain decoding computes that token. Slots past a row's path are
+    zero in every step (masked either way; zeros keep stale entries out of the arithmetic).
     """
 
     # [W, W] long: row r's path (tree-node indices, root first, r last), then filler (masked)
@@ -61,6 +62,11 @@ class PathAttention:
         ends = torch.where(lengths > 0, start + lengths, 1)
         masks = torch.arange(kv_len, device=dev)[None] < ends[:, None]  # [W, S]
         return cls(order=order, lengths=lengths, masks=masks[:, None, None], mirror=mirror)
+
+    @property
+    def keep(self) -> torch.Tensor:
+        """[W, W] bool: slot j of row r's block holds a path node (the rest is zeroed)."""
+        return torch.arange(self.order.shape[1], device=self.order.device)[None] < self.lengths[:, None]
 
     @property
     def paths(self) -> list[list[int]]:

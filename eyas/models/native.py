@@ -112,17 +112,23 @@ class Attention(nn.Module):
         """Every query row over its own mirror row: prefix + its path in consecutive slots.
 
         q: [1, H, W, Dh]; k, v: [1, Hk, W, Dh] the new entries. Returns [1, H, W, Dh]. The G = H / Hk
-        query heads sharing a KV head ride as G query rows, so no KV head is repeated.
+        query heads sharing a KV head ride as G query rows, so no KV head is repeated. Written as
+        matmul + softmax rather than torch's fused CPU kernel: that one splits work across threads
+        so that a row's rounding depends on which other rows share the call (measured), whereas
+        here every (row, KV head) is its own small GEMM and its own softmax rows.
         """
         w, g, kv_len = q.shape[2], self.h // self.hk, paths.masks.shape[-1]
         mk, mv = paths.mirror.k[layer], paths.mirror.v[layer]  # [W, Hk, S_max, Dh]
         if mk.shape[0] != w:
             raise ValueError(f"path attention: {w} query rows but a mirror of {mk.shape[0]} rows")
-        # row r, slot start + j <- node order[r, j]: [Hk, W, W, Dh] -> [W, Hk, W, Dh]
-        mk[:, :, start : start + w] = k[0][:, paths.order].transpose(0, 1)
-        mv[:, :, start : start + w] = v[0][:, paths.order].transpose(0, 1)
+        # row r, slot start + j <- node order[r, j] ([Hk, W, W, Dh] -> [W, Hk, W, Dh]), zeros past the path
+        keep = paths.keep[None, :, :, None]
+        mk[:, :, start : start + w] = torch.where(keep, k[0][:, paths.order], 0).transpose(0, 1)
+        mv[:, :, start : start + w] = torch.where(keep, v[0][:, paths.order], 0).transpose(0, 1)
         qr = q[0].view(self.hk, g, w, self.dh).permute(2, 0, 1, 3)  # [W, Hk, G, Dh]
-        y = F.scaled_dot_product_attention(qr, mk[:, :, :kv_len], mv[:, :, :kv_len], attn_mask=paths.masks)
+        scores = torch.matmul(qr, mk[:, :, :kv_len].transpose(-1, -2)).float() * self.dh**-0.5  # [W, Hk, G, S]
+        probs = scores.masked_fill(~paths.masks, float("-inf")).softmax(-1).to(q.dtype)
+        y = torch.matmul(probs, mv[:, :, :kv_len])  # [W, Hk, G, Dh]
         return y.permute(1, 2, 0, 3).reshape(1, self.h, w, self.dh)
 
 
