@@ -105,7 +105,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
         sys.stdout.write(piece)
         sys.stdout.flush()
     dt = time.perf_counter() - t0
-    print(f"\n\n[{len(ids)} tokens in {dt:.2f}s: {len(ids) / dt:.1f} tok/s, drafter={a.drafter}, "
+    print(f"\n\n[{len(ids)} tokens in {dt:.2f}s: {len(ids) / dt:.1f} tok/s, drafter={_drafter_label(spec, a)}, "
           f"{acc} drafted tokens accepted]", file=sys.stderr)
     if a.compare_plain:
         p = _plain_summary(spec, a, params, None)
@@ -114,6 +114,17 @@ def cmd_generate(a: argparse.Namespace) -> int:
         print(f"[plain decoding: {p['tokens_per_second']:.1f} tok/s -> speedup {speedup:.2f}x; "
               f"output {same} to plain decoding]", file=sys.stderr)
     return 0
+
+
+def _drafter_label(spec, a: argparse.Namespace) -> str:
+    """The drafter as given, with what ``default`` resolved to (the shipped head or ngram)."""
+    if a.drafter != "default":
+        return a.drafter
+    from pathlib import Path
+
+    from eyas.drafters.loading import default_drafter_name
+
+    return f"default ({Path(default_drafter_name(spec.target)).name}, dtype {str(spec.target.model.dtype)[6:]})"
 
 
 def _plain_summary(spec, a: argparse.Namespace, params: dict, out) -> dict:
