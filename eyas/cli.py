@@ -124,7 +124,8 @@ def _drafter_label(spec, a: argparse.Namespace) -> str:
 
     from eyas.drafters.loading import default_drafter_name
 
-    return f"default ({Path(default_drafter_name(spec.target)).name}, dtype {str(spec.target.model.dtype)[6:]})"
+    dtype = str(spec.target.model.dtype).removeprefix("torch.")
+    return f"default ({Path(default_drafter_name(spec.target)).name}, dtype {dtype})"
 
 
 def _plain_summary(spec, a: argparse.Namespace, params: dict, out) -> dict:

@@ -196,10 +196,9 @@ class SpecDecoder:
         kv_len = self.kv_len  # None unless exact; the target builds a causal mask when mask is None
         if kv_len is not None and mask is not None:
             mask = torch.nn.functional.pad(mask, (0, kv_len - mask.shape[1]))
-        extra = {"paths": paths} if paths is not None else {}
         out = self.target.forward(
             tokens[None], positions[None], cache, start, None if mask is None else mask[None], self.taps,
-            logits_idx=torch.tensor([t - 1], device=tokens.device) if prefill else None, kv_len=kv_len, **extra,
+            logits_idx=torch.tensor([t - 1], device=tokens.device) if prefill else None, kv_len=kv_len, paths=paths,
         )
         if out.hidden.shape[1] != t and not prefill:
             out = ForwardOutput(out.logits[:, :t], out.hidden[:, :t], {k: v[:, :t] for k, v in out.taps.items()})
@@ -254,7 +253,7 @@ def _pad_to_width(tokens, positions, mask, start, width):
     t = tokens.shape[0]
     pad = width - t
     tokens = torch.cat([tokens, tokens.new_zeros(pad)])
-    positions = torch.cat([positions, positions[-1:].expand(pad)])
+    positions = _pad_rows(positions, width)
     s = start + width
     dev = tokens.device
     full = torch.zeros(width, s, dtype=torch.bool, device=dev)

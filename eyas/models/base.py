@@ -8,6 +8,7 @@ place. Models know nothing about speculation beyond that.
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -64,10 +65,16 @@ class PathAttention:
         masks = torch.arange(kv_len, device=dev)[None] < ends[:, None]  # [W, S]
         return cls(order=order, lengths=lengths, masks=masks[:, None, None], mirror=mirror)
 
-    @property
+    # derived once per forward (every layer reads them)
+    @functools.cached_property
     def keep(self) -> torch.Tensor:
         """[W, W] bool: slot j of row r's block holds a path node (the rest is zeroed)."""
         return torch.arange(self.order.shape[1], device=self.order.device)[None] < self.lengths[:, None]
+
+    @functools.cached_property
+    def hidden(self) -> torch.Tensor:
+        """[W, 1, 1, S] bool: ~masks, the slots a row may not attend."""
+        return ~self.masks
 
     @property
     def paths(self) -> list[list[int]]:

@@ -154,12 +154,16 @@ class HFTarget(TargetModel):
         return self.hf.get_output_embeddings()(hidden)
 
     @torch.inference_mode()
-    def forward(self, tokens, positions, cache, start, mask=None, taps=(), logits_idx=None, kv_len=None):
+    def forward(
+        self, tokens, positions, cache, start, mask=None, taps=(), logits_idx=None, kv_len=None, paths=None
+    ):
         """See ``TargetModel.forward``. Mask columns past ``start + T`` are ignored.
 
         ``kv_len`` only sizes the mask in the native backend; here the forward
-        always covers exactly slots ``0 .. start + T``.
+        always covers exactly slots ``0 .. start + T``. No path attention (``path_attention`` is False).
         """
+        if paths is not None:
+            raise ValueError("the transformers backend has no path attention; exact mode uses masks here")
         b, t = tokens.shape
         n = start + t
         if mask is None:

@@ -127,7 +127,7 @@ class Attention(nn.Module):
         mv[:, :, start : start + w] = torch.where(keep, v[0][:, paths.order], 0).transpose(0, 1)
         qr = q[0].view(self.hk, g, w, self.dh).permute(2, 0, 1, 3)  # [W, Hk, G, Dh]
         scores = torch.matmul(qr, mk[:, :, :kv_len].transpose(-1, -2)).float() * self.dh**-0.5  # [W, Hk, G, S]
-        probs = scores.masked_fill(~paths.masks, float("-inf")).softmax(-1).to(q.dtype)
+        probs = scores.masked_fill(paths.hidden, float("-inf")).softmax(-1).to(q.dtype)
         y = torch.matmul(probs, mv[:, :, :kv_len])  # [W, Hk, G, Dh]
         return y.permute(1, 2, 0, 3).reshape(1, self.h, w, self.dh)
 
@@ -230,9 +230,9 @@ class NativeLlama(nn.Module, TargetModel):
     ):
         b, t = tokens.shape
         kv_len = kv_len if kv_len is not None else start + t
-        if paths is not None and (b != 1 or not isinstance(start, int)):
-            raise ValueError("path attention (exact mode) runs a batch of one")
         if paths is not None:
+            if b != 1 or not isinstance(start, int):
+                raise ValueError("path attention (exact mode) runs a batch of one")
             mask = None  # each row's mask is in paths
         elif mask is None and (t > 1 or kv_len != start + t):
             mask = causal_mask(t, start, kv_len, tokens.device).expand(b, t, kv_len)

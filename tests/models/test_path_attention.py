@@ -114,3 +114,14 @@ def test_path_attention_needs_batch_of_one(tiny):
     with pytest.raises(ValueError, match="batch of one"):
         target.forward(torch.zeros(2, 1, dtype=torch.long), torch.zeros(2, 1, dtype=torch.long), cache, 0,
                        kv_len=32, paths=pa)
+
+
+def test_transformers_backend_refuses_path_attention(tiny):
+    from eyas.models.hf import HFTarget
+
+    assert HFTarget.path_attention is False  # so SpecDecoder never builds a mirror for it
+    target = HFTarget(tiny.hf("llama", seed=0))
+    pa = PathAttention.from_tree_mask(torch.ones(1, 1, dtype=torch.bool), 0, 8, tiny.native("llama").new_cache(1, 8))
+    with pytest.raises(ValueError, match="no path attention"):
+        target.forward(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long), target.new_cache(1, 8),
+                       0, paths=pa)
