@@ -72,8 +72,29 @@ def _from_path(p: Path, spec: DrafterSpec, target) -> Drafter:
         raise DrafterLoadError(f"drafter path {p} must be a directory with config.json and weights")
     if not any(p.glob("*.safetensors")) and not any(p.glob("pytorch_model*.bin")):
         raise DrafterLoadError(f"drafter path {p} has no weights: expected model.safetensors or pytorch_model.bin")
+    check_safetensors(p)
     kind = detect_kind(p)
     return get_drafter_factory(kind)(target=target, path=p, tree=spec.tree or recommended_tree(p), **spec.options)
+
+
+def check_safetensors(p: Path) -> None:
+    """Refuse a directory whose ``*.safetensors`` files are truncated or not safetensors at all.
+
+    ``safe_open`` reads the header and checks that its tensors cover the file exactly, so a file cut
+    short (an interrupted download) or random bytes fail here with a message instead of a
+    ``SafetensorError`` traceback from deep inside a head loader.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    for f in sorted(p.glob("*.safetensors")):
+        try:
+            with safe_open(str(f), "pt") as h:
+                h.keys()
+        except (SafetensorError, OSError) as e:
+            raise DrafterLoadError(
+                f"{f} is not a readable safetensors file ({e}); it may be truncated (an interrupted "
+                "download or copy): fetch or export the head again"
+            ) from None
 
 
 def recommended_tree(p: Path) -> str | None:
