@@ -1,0 +1,115 @@
+"""Prompt lookup and a draft head in one tree, verified in one target forward.
+
+Copy-heavy text (code edits, extraction, quoting the prompt) is where prompt lookup wins: a
+suffix match copies many tokens at once. Open prose is where a trained head wins. This drafter
+proposes both in one tree of ``budget`` nodes: the head's EAGLE-2 candidates (every node its
+dynamic expansion scored) and lookup's continuation chains are merged into one trie under the
+root, shared prefixes counted once, and the best ``budget - 1`` nodes are kept by one ranking
+(``eyas.tree.merge``). A looked-up token scores its parent's score plus ``log(prior)``, where the
+prior is the acceptance rate assumed for a match of that suffix length (``lookup_accept``), so a
+long, confident match survives as a deep branch and a weak one does not crowd out the head.
+
+Lossless by construction: the tree's tokens are deterministic (no proposal distribution, ``q`` is
+None) and siblings are distinct, so greedy and rejection-sampling verification keep the target's
+output exactly (eyas.verify.rejection's preconditions).
+
+    drafter = HybridDrafter(head_drafter=Eagle3Drafter(...), cfg=HybridConfig(budget=8))
+    eyas generate "..." --drafter hybrid --tree dynamic:4,3,4     # the shipped head + lookup, 5 nodes
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from eyas.drafters.base import Drafter, TargetFeatures, get_drafter_factory, register_drafter
+from eyas.drafters.expansion import DynamicExpansion
+from eyas.drafters.ngram import NgramConfig, find_continuations
+from eyas.tree.merge import Candidates, Chain, MergedTree, merge_candidates
+from eyas.types import DraftOutput, SamplingParams, Tree
+
+
+@dataclass
+class HybridConfig:
+    """How lookup joins the head's tree."""
+
+    budget: int = 0  # tree nodes per step, root included; 0 = the head's own tree size
+    max_ngram: int = 3  # longest suffix looked up
+    min_ngram: int = 1  # shortest suffix to fall back to
+    num_draft: int = 8  # tokens copied per continuation
+    branches: int = 1  # distinct continuations grafted
+    # assumed acceptance rate of a looked-up token after a matched suffix of 1, 2, 3, ... tokens
+    # (the last entry for longer suffixes); its log ranks lookup nodes against the head's log-probs
+    lookup_accept: tuple[float, ...] = (0.3, 0.5, 0.7)
+
+    def __post_init__(self) -> None:
+        NgramConfig(self.max_ngram, self.min_ngram, self.num_draft, self.branches)  # validates those four
+        self.lookup_accept = tuple(float(p) for p in self.lookup_accept)
+        if self.budget < 0 or not self.lookup_accept or not all(0 < p <= 1 for p in self.lookup_accept):
+            raise ValueError(f"need budget >= 0 and lookup_accept in (0, 1], got {self.budget}, {self.lookup_accept}")
+
+
+def lookup_chains(history: torch.Tensor, cfg: HybridConfig) -> list[Chain]:
+    """Continuations after the longest matching suffix of ``history`` ([n] long, on the CPU), scored.
+
+    Example: history [5 7 9 5 7], max_ngram 2 -> suffix [5 7] matched (2 tokens), the chain is
+    [9 5 7] with step log-prior log(lookup_accept[1]) per token.
+    """
+    top = min(cfg.max_ngram, history.shape[0] - 1)
+    for size in range(top, cfg.min_ngram - 1, -1):
+        ng = NgramConfig(max_ngram=size, min_ngram=size, num_draft=cfg.num_draft, branches=cfg.branches)
+        conts = find_continuations(history, ng)
+        if conts:
+            lp = math.log(cfg.lookup_accept[min(size, len(cfg.lookup_accept)) - 1])
+            return [Chain(c.tolist(), [lp] * c.shape[0]) for c in conts]
+    return []
+
+
+@register_drafter("hybrid")
+class HybridDrafter(Drafter):
+    """A head drafter with a dynamic tree, plus prompt-lookup chains, in one ranked tree."""
+
+    def __init__(self, target=None, tree: str | None = None, head: str | Path | None = None,
+                 head_drafter: Drafter | None = None, cfg: HybridConfig | None = None, **options) -> None:
+        self.head = head_drafter if head_drafter is not None else load_head(target, head, tree)
+        if not isinstance(getattr(self.head, "expansion", None), DynamicExpansion):
+            raise ValueError("the hybrid drafter ranks a head's dynamic tree: use --tree dynamic:TOP_K,DEPTH,TOTAL")
+        self.cfg = cfg or HybridConfig(**options)
+        self.taps = self.head.taps
+        self.max_nodes = self.cfg.budget or self.head.max_nodes
+        self.last: MergedTree | None = None  # the last proposal's books (tests, diagnostics)
+
+    def start(self, max_slots: int) -> None:
+        self.head.start(max_slots)
+
+    def extend(self, tokens: torch.Tensor, feats: TargetFeatures) -> None:
+        self.head.extend(tokens, feats)
+
+    def fork(self) -> HybridDrafter:
+        twin = copy.copy(self)
+        twin.head = self.head.fork()
+        return twin
+
+    def propose(self, history: torch.Tensor, sampling: SamplingParams, generator=None) -> DraftOutput:
+        self.head.propose(history, sampling, generator)  # fills the head's candidate books
+        books = self.head.expansion.builder
+        m = books.num_candidates
+        base = Candidates(tokens=books.tokens[:m], parents=books.parents[:m], scores=books.scores[:m])
+        self.last = merge_candidates(base, lookup_chains(history.cpu(), self.cfg), self.max_nodes)
+        t, dev = self.last.tree, history.device
+        return DraftOutput(tree=Tree(t.tokens.to(dev), t.parents.to(dev), t.depth.to(dev), t.mask.to(dev)))
+
+
+def load_head(target, head: str | Path | None, tree: str | None) -> Drafter:
+    """The head drafter from a directory (default: the target's shipped head) with ``tree`` or its recommended one."""
+    from eyas.drafters.loading import detect_kind, recommended_tree, shipped_head
+
+    p = Path(head).expanduser() if head is not None else shipped_head(getattr(target, "name", ""))
+    if p is None or not p.is_dir():
+        raise ValueError(f"the hybrid drafter needs an EAGLE head: head={head!r} is not a directory, and the "
+                         "target has no shipped head (pass head=PATH, e.g. eyas.load(drafter='hybrid', head=...))")
+    return get_drafter_factory(detect_kind(p))(target=target, path=p, tree=tree or recommended_tree(p) or "dynamic")

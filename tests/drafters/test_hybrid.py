@@ -1,0 +1,224 @@
+"""The hybrid drafter: prompt lookup and an EAGLE head in one tree, lossless.
+
+* Greedy speculative decoding equals plain greedy decoding token for token (fp32 tiny models,
+  random EAGLE-3 heads + lookup, several budgets; bf16 exact mode), and on the embedded default
+  with the shipped head (``slow``: fp32 and bf16 exact).
+* Lookup chains reach the tree and are accepted on repetitive text; the tree never exceeds the budget.
+* Sampling: a seeded run is deterministic, and one verify step over a hybrid tree emits tokens
+  distributed as the target (chi-square, the helper of tests/verify/test_rejection.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from eyas.decode import DecodeConfig, SpecDecoder
+from eyas.drafters.base import get_drafter_factory
+from eyas.drafters.eagle3 import Eagle3Drafter, random_eagle3_head
+from eyas.drafters.hybrid import HybridConfig, HybridDrafter, lookup_chains
+from eyas.types import SamplingParams
+from eyas.verify import logits_to_probs, sample, verify_sampling
+
+VOCAB = 256  # the tiny models' vocabulary (tests/conftest.py)
+N = 32
+KINDS = ("llama", "qwen3")
+
+
+def prompt_ids(n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(3000 + 17 * n + seed)
+    return torch.randint(0, VOCAB, (n,), generator=g)
+
+
+def hybrid(target, tree: str = "dynamic:4,4,12", **cfg) -> HybridDrafter:
+    head = random_eagle3_head(target.config, draft_vocab_size=VOCAB // 2, seed=3)
+    return HybridDrafter(head_drafter=Eagle3Drafter(target_model=target, head=head, tree=tree), cfg=HybridConfig(**cfg))
+
+
+def run(target, drafter, prompt, n: int = N, **cfg):
+    dec = SpecDecoder(target, drafter, DecodeConfig(max_new_tokens=n, **cfg))
+    events = list(dec.generate(prompt))
+    return [t for ev in events for t in ev.tokens.tolist()], dec
+
+
+@pytest.fixture(params=KINDS)
+def target(tiny, request):
+    return tiny.native(request.param, seed=0)
+
+
+# ---- lookup ---------------------------------------------------------------------------------------
+def test_lookup_chains_prefer_the_longest_suffix_and_score_by_its_length():
+    cfg = HybridConfig(max_ngram=2, num_draft=3, lookup_accept=(0.2, 0.6))
+    chains = lookup_chains(torch.tensor([5, 7, 9, 5, 7]), cfg)
+    assert [c.tokens for c in chains] == [[9, 5, 7]]
+    assert chains[0].step_logp == pytest.approx([math.log(0.6)] * 3)
+    one = lookup_chains(torch.tensor([5, 8, 1, 5]), cfg)  # only a 1-token suffix matches
+    assert [c.tokens for c in one] == [[8, 1, 5]] and one[0].step_logp[0] == pytest.approx(math.log(0.2))
+    assert lookup_chains(torch.tensor([1, 2, 3]), cfg) == [] and lookup_chains(torch.tensor([4]), cfg) == []
+
+
+def test_config_validation():
+    with pytest.raises(ValueError):
+        HybridConfig(min_ngram=3, max_ngram=2)
+    with pytest.raises(ValueError):
+        HybridConfig(lookup_accept=(0.5, 1.5))
+    with pytest.raises(ValueError):
+        HybridConfig(budget=-1)
+
+
+def test_static_head_trees_are_refused(tiny):
+    target = tiny.native("llama", seed=0)
+    head = random_eagle3_head(target.config, draft_vocab_size=VOCAB // 2, seed=3)
+    with pytest.raises(ValueError, match="dynamic"):
+        HybridDrafter(head_drafter=Eagle3Drafter(target_model=target, head=head, tree="static:eagle_small"))
+
+
+def test_registered_by_name():
+    assert get_drafter_factory("hybrid") is HybridDrafter
+
+
+# ---- greedy losslessness ----------------------------------------------------------------------------
+@pytest.mark.parametrize("budget", (0, 3, 8, 20))
+@pytest.mark.parametrize("plen", (1, 7, 30))
+def test_greedy_equals_plain(target, budget, plen):
+    p = prompt_ids(plen)
+    ref = run(target, None, p)[0]
+    drafter = hybrid(target, budget=budget)
+    out, dec = run(target, drafter, p)
+    assert out == ref
+    assert drafter.max_nodes == (budget or 13)
+    assert dec.stats.drafted <= dec.stats.steps * (drafter.max_nodes - 1)
+
+
+def test_lookup_nodes_reach_the_tree_and_get_accepted(target):
+    """Random heads accept almost nothing; on the tiny models' repetitive text lookup does."""
+    accepted = from_chain = 0
+    for plen in (7, 30):
+        p = prompt_ids(plen, seed=1)
+        ref = run(target, None, p, 48)[0]
+        drafter = hybrid(target, budget=10, lookup_accept=(0.9,))
+        seen = []
+        orig = drafter.propose
+
+        def spy(*args, _orig=orig, _seen=seen, _d=drafter, **kw):
+            out = _orig(*args, **kw)
+            _seen.append(int(_d.last.from_chain.sum()))
+            return out
+
+        drafter.propose = spy
+        out, dec = run(target, drafter, p, 48)
+        assert out == ref
+        accepted += dec.stats.accepted
+        from_chain += sum(seen)
+    assert from_chain > 0 and accepted > 0
+
+
+def test_exact_mode_bf16_equals_exact_plain(tiny):
+    target = tiny.native("llama", seed=0).to(torch.bfloat16)
+    drafter = hybrid(target, budget=8)
+    drafter.head.head = drafter.head.head.to(torch.bfloat16)
+    p = prompt_ids(30, seed=8)
+    ref = run(target, None, p, exact=True, exact_width=8)[0]
+    assert run(target, drafter, p, exact=True, exact_width=8)[0] == ref
+
+
+def test_fork_has_its_own_head_state(target):
+    a = hybrid(target, budget=6)
+    b = a.fork()
+    assert b.head is not a.head and b.head.head is a.head.head  # weights shared, state not
+    p1, p2 = prompt_ids(7, seed=4), prompt_ids(30, seed=5)
+    r1, r2 = run(target, None, p1)[0], run(target, None, p2)[0]
+    assert run(target, a, p1)[0] == r1 and run(target, b, p2)[0] == r2
+
+
+# ---- sampling ---------------------------------------------------------------------------------------
+def test_sampling_is_deterministic_per_seed(target):
+    p = prompt_ids(7, seed=6)
+    sp = SamplingParams(temperature=0.8, top_p=0.9)
+
+    def sample_run(seed: int) -> list[int]:
+        out = run(target, hybrid(target, budget=8), p, sampling=sp, seed=seed)[0]
+        assert len(out) == N and all(0 <= t < VOCAB for t in out)
+        return out
+
+    a = sample_run(123)
+    assert sample_run(123) == a
+    assert any(sample_run(s) != a for s in (7, 8, 9)), "different seeds gave the same sample every time"
+
+
+def _rejection_helpers():
+    """tests/verify/test_rejection.py, loaded by path (its chi-square helper)."""
+    path = Path(__file__).resolve().parents[1] / "verify" / "test_rejection.py"
+    spec = importlib.util.spec_from_file_location("_eyas_rejection_helpers_hybrid", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _next_probs(target, ids: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
+    n = ids.shape[0]
+    out = target.forward(ids[None], torch.arange(n)[None], target.new_cache(1, n), 0)
+    return logits_to_probs(out.logits[0, -1], sp)
+
+
+def test_one_verify_step_over_a_hybrid_tree_samples_the_target(tiny):
+    """First two emitted tokens of one step ~ p(a) p(b | a), over a tree holding lookup and head nodes."""
+    chi_square_p_value = _rejection_helpers().chi_square_p_value
+    target = tiny.native("llama", seed=0)
+    sp = SamplingParams(temperature=1.5, top_k=6)
+    for seed in range(60):  # a prompt whose tree holds a lookup chain and likely root children
+        drafter = hybrid(target, "dynamic:4,2,6", budget=9, lookup_accept=(0.9,))
+        dec = SpecDecoder(target, drafter, DecodeConfig(max_new_tokens=8, sampling=sp, seed=seed))
+        p = prompt_ids(7, seed=seed)
+        p = torch.cat([p, torch.tensor(run(target, None, p, 40)[0])])  # the tiny models' text repeats itself
+        seq = dec.prefill(p)
+        draft = dec.draft(seq)
+        probs = logits_to_probs(dec.verify_forward(seq, draft.tree).logits[0], sp)
+        root_kids = draft.tree.tokens[draft.tree.parents == 0]
+        if drafter.last.from_chain.any() and float(probs[0, root_kids].sum()) > 0.3:
+            break
+    else:
+        raise AssertionError("no prompt gave a hybrid tree with a lookup chain and likely root children")
+    support = probs[0].nonzero().flatten().tolist()
+    cond = {a: _next_probs(target, torch.cat([seq.history, torch.tensor([a])]), sp) for a in support}
+    joint = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
+    for a in support:
+        joint[a] = probs[0, a].double() * cond[a].double()
+    gen, cont = torch.Generator().manual_seed(11), torch.Generator().manual_seed(12)
+    counts = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
+    accepted = 0
+    for _ in range(3000):
+        out = verify_sampling(draft, probs, gen)
+        accepted += out.num_accepted > 0
+        toks = out.tokens.tolist()
+        if len(toks) == 1:  # only a recovered token: the next step samples from the target
+            toks.append(int(sample(cond[toks[0]], cont)))
+        counts[toks[0], toks[1]] += 1
+    assert accepted > 300
+    assert chi_square_p_value(counts, joint) > 1e-3
+
+
+# ---- the embedded default with the shipped head --------------------------------------------------------
+PROMPTS = ("Give three tips for staying healthy.",
+           "Repeat this list back in reverse order: apple, banana, cherry, date, elderberry, fig.")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ("float32", "bfloat16"))
+def test_embedded_default_with_the_shipped_head_equals_plain(default_target, dtype):
+    import eyas
+
+    spec = eyas.load(drafter="hybrid", dtype=dtype, budget=8)
+    assert isinstance(spec.drafter, HybridDrafter) and spec.drafter.max_nodes == 8
+    assert spec.exact == (dtype == "bfloat16")
+    for q in PROMPTS:
+        ref = spec.generate(q, max_new_tokens=40, speculate=False)
+        out = spec.generate(q, max_new_tokens=40)
+        assert out.token_ids == ref.token_ids, q
+        assert out.mean_accepted > 1.3, (q, out.mean_accepted)  # a trained head plus lookup accepts
