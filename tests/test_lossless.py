@@ -28,6 +28,7 @@ from eyas.drafters.base import Drafter
 from eyas.drafters.draft_lm import DraftLMDrafter
 from eyas.drafters.eagle import EagleDrafter, random_head
 from eyas.drafters.eagle3 import Eagle3Drafter, random_eagle3_head
+from eyas.drafters.hybrid import HybridConfig, HybridDrafter
 from eyas.drafters.ngram import NgramConfig, NgramDrafter
 from eyas.tree import make_tree
 from eyas.types import DraftOutput, SamplingParams
@@ -95,12 +96,16 @@ def make_drafter(name: str, target, kind: str, tiny) -> Drafter:
     if name.startswith("eagle3|"):  # reduced draft vocabulary: half the target's ids
         head = random_eagle3_head(target.config, draft_vocab_size=VOCAB // 2, seed=3)
         return Eagle3Drafter(target_model=target, head=head, tree=name[7:])
+    if name.startswith("hybrid|"):  # lookup chains grafted into a random EAGLE-3 head's tree, 8 nodes
+        head = random_eagle3_head(target.config, draft_vocab_size=VOCAB // 2, seed=3)
+        return HybridDrafter(head_drafter=Eagle3Drafter(target_model=target, head=head, tree=name[7:]),
+                             cfg=HybridConfig(budget=8, num_draft=5))
     raise KeyError(name)
 
 
 DRAFTERS = ("ngram_b1", "ngram_b3", "draft_lm", "draft_lm_other_kind", "draft_lm_self") + tuple(
     f"eagle|{t}" for t in EAGLE_TREES
-) + tuple(f"eagle3|{t}" for t in EAGLE_TREES[:3])
+) + tuple(f"eagle3|{t}" for t in EAGLE_TREES[:3]) + ("hybrid|dynamic:4,4,12",)
 
 
 @pytest.fixture(params=KINDS)
@@ -302,7 +307,7 @@ def test_tiny_token_budgets(target, n):
 # ---- exact (batch-invariant) mode -----------------------------------------------------------------
 @pytest.mark.parametrize("drafter_name",
                          (None, "ngram_b1", "ngram_b3", "eagle|dynamic:4,4,12", "eagle3|static:eagle_small",
-                          "draft_lm_self"))
+                          "draft_lm_self", "hybrid|dynamic:4,4,12"))
 @pytest.mark.parametrize("plen", (1, 30))
 def test_exact_mode_equals_plain(tiny, kind, target, drafter_name, plen):
     p = prompt_ids(plen, seed=5)
@@ -313,7 +318,8 @@ def test_exact_mode_equals_plain(tiny, kind, target, drafter_name, plen):
 
 # ---- sampling: seeded determinism ------------------------------------------------------------------
 @pytest.mark.parametrize("drafter_name", (None, "ngram_b1", "ngram_b3", "draft_lm", "eagle|dynamic:4,4,12",
-                                          "eagle|static:eagle_small", "eagle3|dynamic:4,4,12"))
+                                          "eagle|static:eagle_small", "eagle3|dynamic:4,4,12",
+                                          "hybrid|dynamic:4,4,12"))
 def test_sampling_is_deterministic_per_seed(tiny, kind, target, drafter_name):
     p = prompt_ids(7, seed=6)
     sp = SamplingParams(temperature=0.8, top_p=0.9)
