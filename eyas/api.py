@@ -20,10 +20,11 @@ import torch
 
 from eyas.batch import BatchDecoder
 from eyas.decode import DecodeConfig, SpecDecoder, StepEvent
+from eyas.detok import Detokenizer
 from eyas.drafters.loading import DrafterSpec, build_drafter
 from eyas.models.loading import LoadedTarget, load_target
 from eyas.policy import PolicyConfig, SpecPolicy
-from eyas.types import SamplingParams
+from eyas.types import RequestSettings, SamplingParams, mean_accepted
 from eyas.verify import TypicalConfig
 
 Prompt = str | list[dict]
@@ -49,7 +50,7 @@ class GenerationResult:
     @property
     def mean_accepted(self) -> float:
         """Tokens per target step after prefill, tau = 1 + accepted / steps (vLLM's definition)."""
-        return 1.0 + self.accepted / self.steps if self.steps else 1.0
+        return mean_accepted(self.accepted, self.steps)
 
     @property
     def tokens_per_second(self) -> float:
@@ -104,13 +105,21 @@ class Speculator:
         return tuple(sorted(ids))
 
     def decoder(self, speculate: bool = True, typical: TypicalConfig | None = None, exact: bool | None = None,
-                fork: bool = False, **params) -> SpecDecoder:
-        """A decoder for one sequence. fork: give it its own drafter state (concurrent sequences)."""
-        sampling = SamplingParams(
-            temperature=params.pop("temperature", 0.0) or 0.0,
-            top_k=params.pop("top_k", 0) or 0,
-            top_p=params.pop("top_p", 1.0) or 1.0,
-        )
+                fork: bool = False, settings: RequestSettings | None = None, **params) -> SpecDecoder:
+        """A decoder for one sequence. fork: give it its own drafter state (concurrent sequences).
+
+        settings: a request's typed settings (the server's path); they replace ``speculate`` and the
+        sampling / length / seed keyword ``params``.
+        """
+        if settings is not None:
+            speculate, sampling = settings.speculate, settings.sampling
+            params = {**params, "max_new_tokens": settings.max_new_tokens, "seed": settings.seed}
+        else:
+            sampling = SamplingParams(
+                temperature=params.pop("temperature", 0.0) or 0.0,
+                top_k=params.pop("top_k", 0) or 0,
+                top_p=params.pop("top_p", 1.0) or 1.0,
+            )
         # exact mode: plain and speculative runs share one forward width, the drafter's tree size
         width = self.drafter.max_nodes if self.drafter is not None else 1
         exact = self.exact if exact is None else exact
@@ -169,16 +178,9 @@ class Speculator:
     def stream_events(self, prompt: Prompt, chat: bool = True, speculate: bool = True, **params):
         """Yield (text_delta, StepEvent) per step; text is decoded incrementally."""
         _, _, events = self.events(prompt, chat, speculate, **params)
-        new: list[int] = []
-        shown = ""
+        detok = Detokenizer(self.tokenizer)  # the serving engine's detokeniser too
         for ev in events:
-            new += ev.tokens.tolist()
-            text = self.tokenizer.decode(new, skip_special_tokens=True)
-            if text.endswith("\ufffd") and not ev.finished:  # wait for the rest of a UTF-8 sequence
-                yield "", ev
-                continue
-            yield text[len(shown):], ev
-            shown = text
+            yield detok.push(ev.tokens.tolist(), ev.finished).text, ev
 
 
 def _flags(ev: StepEvent) -> list[bool]:

@@ -110,6 +110,39 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+# Seeds torch.Generator takes without overflow on every route: a signed 64-bit integer (vLLM's range).
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+
+
+@dataclass(frozen=True)
+class RequestSettings:
+    """What one request asks for, typed once where it is parsed and carried unchanged to the decoder.
+
+    The server builds it from an HTTP body (``eyas.serving.protocol``) and passes it through the
+    engine and ``BatchDecoder.add`` to ``Speculator.decoder(settings=...)``. Stop *strings* act on
+    text, so decoding ignores them; the incremental detokeniser (``eyas.detok``) applies them.
+    """
+
+    max_new_tokens: int = 128
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    seed: int | None = None  # None: unseeded sampling
+    speculate: bool = True  # False: plain decoding for this request, whatever the drafter
+    stop: tuple[str, ...] = ()  # stop strings (non-empty); the text ends before the first one
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise ValueError(f"seed must be a signed 64-bit integer, got {self.seed}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must not be empty (an empty one would end every generation at once)")
+
+
+def mean_accepted(accepted: int, steps: int) -> float:
+    """tau, tokens per target step after prefill: 1 + accepted / steps (vLLM's definition); 1 before any step."""
+    return 1.0 + accepted / steps if steps else 1.0
+
+
 @dataclass
 class StepStats:
     """Running acceptance statistics of one generation."""
@@ -128,3 +161,7 @@ class StepStats:
             self.accepted_per_pos.append(0)
         for i in range(num_accepted):
             self.accepted_per_pos[i] += 1
+
+    @property
+    def mean_accepted(self) -> float:
+        return mean_accepted(self.accepted, self.steps)

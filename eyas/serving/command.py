@@ -3,13 +3,17 @@
 eyas serve                                         # embedded SmolLM2 + its default drafter, 127.0.0.1:8000
 eyas serve --model ./Llama-3.1-8B-Instruct --drafter ./EAGLE3-head --port 9000 --max-queue 128
 
+eyas serve --api-key "$(openssl rand -hex 16)"        # or EYAS_API_KEY=...: /v1 and /v2 need the bearer key
+
 Endpoints: GET / (a chat page), /health, /metrics, /v1/models; POST /v1/completions, /v1/chat/completions,
-/v2/models/NAME/generate and /v2/models/NAME/generate_stream.
+/v2/models/NAME/generate and /v2/models/NAME/generate_stream. With a key, /v1 and /v2 answer 401 without
+`Authorization: Bearer KEY`; /health, /metrics and the page stay open (as in vLLM).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 
@@ -56,6 +60,15 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--no-calibrate", action="store_true", help="skip timing the target's forwards at start (auto policy)"
     )
+    p.add_argument(
+        "--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 and /v2 (default: $EYAS_API_KEY)"
+    )
+    p.add_argument(
+        "--max-body-bytes", type=int, default=2 << 20, help="largest request body; larger ones get HTTP 413"
+    )
+    p.add_argument(
+        "--body-timeout", type=float, default=30.0, help="seconds for a request body to arrive (else HTTP 408)"
+    )
     p.set_defaults(func=cmd_serve)
     return p
 
@@ -88,12 +101,14 @@ def cmd_serve(a: argparse.Namespace) -> int:
     import eyas
     from eyas.serving.app import create_app
     from eyas.serving.engine import ServeLimits
+    from eyas.serving.guard import API_KEY_ENV, HttpConfig
 
+    http = HttpConfig(a.max_body_bytes, a.body_timeout, a.api_key or os.environ.get(API_KEY_ENV) or None)
     spec = eyas.load(model=a.model, drafter=a.drafter, dtype=a.dtype, backend=a.backend, tree=a.tree)
     limits = ServeLimits(
         max_queue=a.max_queue, max_tokens=a.max_tokens_limit, max_prompt_tokens=a.max_prompt_tokens,
         max_batch=a.max_batch, spec_policy=a.spec_policy, calibrate=not a.no_calibrate,
     )
-    app = create_app(spec, a.served_model_name or served_name(a.model), limits)
+    app = create_app(spec, a.served_model_name or served_name(a.model), limits, http)
     uvicorn.run(app, host=a.host, port=a.port, log_level="info")
     return 0

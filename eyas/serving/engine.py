@@ -4,11 +4,13 @@ Requests wait in a bounded queue (full -> ``QueueFullError``, an HTTP 429). Betw
 the worker admits queued requests into free batch rows (prefill, first token), drops rows
 whose client went away (``cancel`` set: the slot is free for the next step), and runs one
 batched step: every row drafts, one target forward verifies all trees, each row accepts its
-own tokens. Each row is a ``SpecDecoder`` built by ``Speculator.decoder`` -- the call
-``Speculator.generate`` makes -- so served output equals library output (in fp32 at any
-concurrency; tested). Text deltas reach the request's asyncio queue through
-``loop.call_soon_threadsafe``. A ``SpecPolicy`` picks the tree width per step from the
-batch size (``eyas.policy``), seeded by a calibration when the worker starts.
+own tokens. Each row is a ``SpecDecoder`` built by ``Speculator.decoder`` from the request's
+typed ``RequestSettings`` -- the call ``Speculator.generate`` makes -- so served output equals
+library output (in fp32 at any concurrency; tested). Text deltas (``eyas.detok``: stop strings,
+per-token pieces) reach the request's asyncio queue through ``loop.call_soon_threadsafe``. A
+``SpecPolicy`` picks the tree width per step from the batch size (``eyas.policy``), seeded by a
+calibration when the worker starts; the worker publishes a snapshot of it under a lock
+(``policy_snapshot``), so readers never touch the policy while the worker updates it.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from dataclasses import dataclass, field
 import torch
 
 from eyas.api import Speculator
+from eyas.detok import Detokenizer
 from eyas.policy import PolicyConfig
 from eyas.serving.metrics import Metrics
+from eyas.types import RequestSettings, StepStats
 
 log = logging.getLogger("eyas.serving")
 
@@ -48,8 +52,7 @@ class ServeLimits:
 class GenRequest:
     # [T] long prompt ids
     ids: torch.Tensor
-    params: dict  # Speculator.decoder kwargs: max_new_tokens, temperature, top_p, top_k, seed
-    stop: list[str]
+    settings: RequestSettings
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -60,9 +63,10 @@ class GenRequest:
 class Delta:
     """Text and tokens of one decoder step."""
 
-    text: str
+    text: str  # new text (held back near a possible stop string or inside a character)
     token_ids: list[int]
     num_accepted: int  # leading tokens that were drafted and accepted
+    pieces: list[str]  # each token's own text (eyas.detok), for the page's marks
 
 
 @dataclass
@@ -79,40 +83,12 @@ class Failure:
     message: str
 
 
-class TextStream:
-    """Incremental detokenisation with stop strings.
-
-    Text that could still grow into a stop string (its last ``max(len(stop)) - 1`` chars)
-    is held back until it cannot, so a stop string never reaches the client.
-    """
-
-    def __init__(self, tokenizer, stop: list[str]) -> None:
-        self.tokenizer, self.stop = tokenizer, stop
-        self.hold = max((len(s) for s in stop), default=1) - 1
-        self.ids: list[int] = []
-        self.text = ""  # text sent so far
-        self.stopped = False
-
-    def push(self, ids: list[int], finished: bool) -> str:
-        self.ids += ids
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd") and not finished:  # wait for the rest of a UTF-8 sequence
-            return ""
-        hits = [i for i in (text.find(s, max(0, len(self.text) - len(s))) for s in self.stop) if i >= 0]
-        if hits:
-            text, finished, self.stopped = text[: min(hits)], True, True
-        end = len(text) if finished else max(len(self.text), len(text) - self.hold)
-        delta = text[len(self.text) : end]
-        self.text += delta
-        return delta
-
-
 @dataclass
 class _Active:
     """A request in the batch and what has been sent for it."""
 
     req: GenRequest
-    text: TextStream
+    text: Detokenizer
     ids: list[int] = field(default_factory=list)
     last: float = 0.0  # time of the previous event
     counted: tuple[int, int, int] = (0, 0, 0)  # decoder stats (steps, drafted, accepted) already observed
@@ -125,6 +101,10 @@ class Engine:
         self.batch = spec.batch_decoder(limits.max_batch, PolicyConfig(mode=limits.spec_policy))
         self.calibrate = limits.calibrate
         self.active: dict[GenRequest, _Active] = {}
+        self._policy_lock = threading.Lock()
+        self._policy: dict | None = None  # the last published snapshot (policy_snapshot)
+        self._published = 0.0
+        self._publish_policy(force=True)
         self._queue: queue.Queue[GenRequest | None] = queue.Queue(maxsize=limits.max_queue)
         self._thread = threading.Thread(target=self._run, name="eyas-engine", daemon=True)
         self._thread.start()
@@ -139,6 +119,21 @@ class Engine:
                 "limit); retry later"
             ) from None
         self.metrics.waiting = self._queue.qsize()
+
+    def policy_snapshot(self) -> dict | None:
+        """The speculation policy as the worker last published it (None: no drafter); any thread."""
+        with self._policy_lock:
+            return None if self._policy is None else dict(self._policy)
+
+    def _publish_policy(self, force: bool = False, every_s: float = 0.25) -> None:
+        """Worker thread (or before it starts): snapshot the policy, at most every ``every_s`` seconds."""
+        policy, now = self.batch.policy, time.monotonic()
+        if policy is None or not force and now - self._published < every_s:
+            return
+        running = len(self.active)
+        snap = {"running": running, **policy.snapshot(max(running, 1), self.limits.max_batch)}
+        with self._policy_lock:
+            self._policy, self._published = snap, now
 
     def close(self, timeout: float = 5.0) -> None:
         while True:  # make room for the sentinel: drop queued requests
@@ -159,6 +154,7 @@ class Engine:
             if self.batch.policy is not None:
                 log.info("speculation policy calibrated in %.1f s: %s", time.perf_counter() - t0,
                          self.batch.policy.snapshot(1))
+            self._publish_policy(force=True)
         while self._admit():
             self._drop_cancelled()
             if self.active:
@@ -183,8 +179,8 @@ class Engine:
         return True
 
     def _start(self, req: GenRequest) -> None:
-        a = _Active(req, TextStream(self.spec.tokenizer, req.stop), last=req.arrival)
-        ev = self.batch.add(req, req.ids, **req.params)
+        a = _Active(req, Detokenizer(self.spec.tokenizer, req.settings.stop), last=req.arrival)
+        ev = self.batch.add(req, req.ids, settings=req.settings)
         self.active[req] = a
         self.metrics.running = len(self.active)
         self._deliver(a, ev)
@@ -199,6 +195,7 @@ class Engine:
             return
         policy = self.batch.policy
         self.metrics.width = policy.last_width if policy is not None else 1
+        self._publish_policy()
         for req, ev in events:
             self._guarded(req, self._deliver, self.active[req], ev)
 
@@ -213,7 +210,7 @@ class Engine:
         a.counted, a.last = (s.steps, s.drafted, s.accepted), now
         a.ids += toks
         delta = a.text.push(toks, ev.finished)
-        _post(a.req, Delta(delta, toks, ev.num_accepted))
+        _post(a.req, Delta(delta.text, toks, ev.num_accepted, delta.pieces))
         if toks and toks[-1] in self.stop_ids or a.text.stopped:
             self._finish(a, "stop")
         elif a.req.cancel.is_set():
@@ -252,13 +249,13 @@ class Engine:
         _post(req, Failure(f"generation failed: {type(e).__name__}: {e}"))
 
 
-def spec_stats(s) -> dict:
+def spec_stats(s: StepStats) -> dict:
     """Per-response speculative statistics from a decoder's StepStats."""
     return {
         "drafted": s.drafted,
         "accepted": s.accepted,
         "steps": s.steps,
-        "mean_accepted_length": round(1.0 + s.accepted / s.steps, 4) if s.steps else 1.0,
+        "mean_accepted_length": round(s.mean_accepted, 4),
         "accepted_per_position": list(s.accepted_per_pos),
     }
 

@@ -1,21 +1,29 @@
 """Request schemas and validation errors in OpenAI's error body shape.
 
-Bodies are parsed with ``model_validate_json(strict=True)``: malformed JSON, wrong types
-(``"max_tokens": "5"``), out-of-range values and unknown fields all become an
-``ApiError`` (HTTP 400) whose body is ``{"error": {"message", "type", "param", "code"}}``,
-as OpenAI answers. Fields OpenAI accepts but eyas cannot honour are accepted at their
-neutral value and refused otherwise, with a message saying so.
+Bodies are parsed with ``model_validate_json(strict=True)``: malformed JSON, duplicate keys
+(which JSON parsers disagree on: pydantic keeps the last, so ``model`` could be smuggled),
+wrong types (``"max_tokens": "5"``), out-of-range values (a ``seed`` outside a signed 64-bit
+integer, an empty stop string) and unknown fields all become an ``ApiError`` (HTTP 400) whose
+body is ``{"error": {"message", "type", "param", "code"}}``, as OpenAI answers; on ``/v2`` the
+app renders the same error in Triton's shape, ``{"error": "message"}``. Fields OpenAI accepts
+but eyas cannot honour are accepted at their neutral value and refused otherwise, with a
+message saying so. A valid request becomes one typed ``RequestSettings`` (``settings``).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from eyas.types import SEED_MAX, SEED_MIN, RequestSettings, SamplingParams
+
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
 TopP = Annotated[float, Field(gt=0.0, le=1.0)]
-Stop = str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=4)] | None
+StopString = Annotated[str, Field(min_length=1)]  # "" would end every generation at once
+Stop = StopString | Annotated[list[StopString], Field(max_length=4)] | None
+Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]  # what torch.Generator takes (vLLM's range)
 
 
 class ApiError(Exception):
@@ -26,12 +34,19 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         type_: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.type = status, message, param, code, type_
+        self.headers = headers  # extra response headers (WWW-Authenticate, Connection: close)
 
     def body(self) -> dict:
+        """OpenAI's error shape (``/v1``)."""
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def triton_body(self) -> dict:
+        """Triton's error shape (``/v2``): one string."""
+        return {"error": self.message}
 
 
 class _Strict(BaseModel):
@@ -58,20 +73,32 @@ class Message(_Strict):
         return {"role": "system" if self.role == "developer" else self.role, "content": text}
 
 
-class _Sampling(_Strict):
-    model: str
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
+class _Decoding(_Strict):
+    """The fields every generation route shares; ``settings`` types them for the decoder."""
+
     temperature: Temperature | None = None
     top_p: TopP | None = None
     top_k: Annotated[int, Field(ge=-1)] | None = None  # -1 or 0: off (vLLM's convention)
-    seed: int | None = None
+    seed: Seed | None = None
     stop: Stop = None
+    # eyas extension: false = plain decoding for this request (compare with and without the drafter)
+    speculate: bool = True
+
+    def settings(self, max_new_tokens: int) -> RequestSettings:
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        sampling = SamplingParams(
+            temperature=self.temperature or 0.0, top_k=max(self.top_k or 0, 0), top_p=self.top_p or 1.0
+        )
+        return RequestSettings(max_new_tokens, sampling, self.seed, self.speculate, stop)
+
+
+class _Sampling(_Decoding):
+    model: str
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
     n: Annotated[int, Field(ge=1, le=1)] | None = 1
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # eyas extension: false = plain decoding for this request (compare with and without the drafter)
-    speculate: bool = True
     # accepted at their neutral values only (checked in ``unsupported``)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -115,16 +142,10 @@ class CompletionRequest(_Sampling):
         return self.max_tokens
 
 
-class TritonParameters(_Strict):
+class TritonParameters(_Decoding):
     max_tokens: Annotated[int, Field(ge=1)] | None = None
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    top_k: Annotated[int, Field(ge=-1)] | None = None
-    seed: int | None = None
-    stop: Stop = None
     stream: bool | None = None
     exclude_input_in_output: bool | None = None
-    speculate: bool = True  # eyas extension, as on the OpenAI endpoints
 
 
 class TritonRequest(_Strict):
@@ -140,21 +161,26 @@ class TritonRequest(_Strict):
     temperature: Temperature | None = None
     top_p: TopP | None = None
     top_k: Annotated[int, Field(ge=-1)] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     stream: bool | None = None
     bad_words: Literal[""] | list[None] | None = None
-    stop_words: str | list[str] | None = None
+    stop_words: Stop = None  # as ``stop``: at most 4, none empty
 
     def merged(self) -> TritonParameters:
+        """Top-level fields under ``parameters`` (which wins); a bad combination is an ApiError 400."""
         top = {k: getattr(self, k) for k in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stream")}
         if self.stop_words:
-            top["stop"] = [self.stop_words] if isinstance(self.stop_words, str) else self.stop_words
-        given = self.parameters.model_dump(exclude_none=True)
-        return TritonParameters.model_validate({**{k: v for k, v in top.items() if v is not None}, **given})
+            top["stop"] = self.stop_words
+        given = self.parameters.model_dump(exclude_none=True, exclude_unset=True)
+        try:
+            return TritonParameters.model_validate({**{k: v for k, v in top.items() if v is not None}, **given})
+        except ValidationError as e:  # every field was checked above; this is a safety net, never a 500
+            raise _to_api_error(e) from None
 
 
 def parse(model: type[BaseModel], body: bytes) -> BaseModel:
     """Validate a JSON body; any problem -> ApiError 400 naming the field and what is wrong."""
+    reject_duplicate_keys(body)
     try:
         req = model.model_validate_json(body or b"", strict=True)
     except ValidationError as e:
@@ -166,6 +192,32 @@ def parse(model: type[BaseModel], body: bytes) -> BaseModel:
             400, f"{field_}={value!r} is not supported by this server", field_, "unsupported_parameter"
         )
     return req
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_pairs(pairs: list[tuple[str, object]]) -> dict:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen.add(key)
+    return dict(pairs)
+
+
+def reject_duplicate_keys(body: bytes) -> None:
+    """ApiError 400 if any JSON object in ``body`` repeats a key (anything not JSON is left to pydantic)."""
+    try:
+        json.loads(body, object_pairs_hook=_unique_pairs)
+    except _DuplicateKey as e:
+        key = str(e.args[0])
+        raise ApiError(
+            400, f"Duplicate key '{key}' in the JSON body: send each parameter once.", key, "duplicate_key"
+        ) from None
+    except (ValueError, RecursionError):  # not JSON (or nested too deep): the schema parser reports it
+        pass
 
 
 def _to_api_error(e: ValidationError) -> ApiError:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from eyas.decode import StepEvent
-from eyas.types import StepStats
+from eyas.types import RequestSettings, StepStats
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -40,10 +40,10 @@ class FakeBatch:
     def calibrate(self) -> None:
         pass
 
-    def add(self, key, ids, max_new_tokens: int, **_) -> StepEvent:
+    def add(self, key, ids, settings: RequestSettings) -> StepEvent:
         if self.spec.fail:
             raise RuntimeError("boom")
-        self.rows[key] = row = SimpleNamespace(i=0, n=max_new_tokens, stats=StepStats())
+        self.rows[key] = row = SimpleNamespace(i=0, n=settings.max_new_tokens, stats=StepStats())
         return self._event(row)
 
     def step(self) -> list:
