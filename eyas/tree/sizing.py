@@ -1,0 +1,154 @@
+"""A draft tree sized to the hardware: pick top-k, depth and total nodes maximising predicted tokens/s.
+
+Pure and deterministic: given a measured cost table and a head's acceptance profile it always
+returns the same choice (ties go to the smaller tree). Measuring lives in ``eyas.autotree``.
+
+**Acceptance model.** ``rank_accept[d][r]`` is the probability that the target's token at depth
+``d + 1`` is the head's rank-``r`` proposal, given that the path above it was drafted correctly
+(measured teacher-forced, ``scripts/acceptance_profile.py``). A node reached by ranks
+``r_1 .. r_d`` is accepted with probability ``prod_i rank_accept[i - 1][r_i]`` (depths taken as
+independent), and a tree's expected tokens per step is ``tau = 1 + sum over its nodes``.
+
+**The tree the head builds.** EAGLE-2 (``eyas.tree.dynamic``) with these probabilities as
+scores: the root's top-k children, then ``depth - 1`` expansions of the k best nodes of the
+last level, k children each; the ``total`` best candidates are kept (ancestor-closed, since
+probabilities never grow along a path). ``predicted_tau`` mirrors exactly that.
+
+**Cost of a step** (seconds)::
+
+    step(k, depth, total) = forward(total + 1)                       verify forward, root included
+                          + per_step + (depth - 1) * (per_level + k * per_node)     drafting
+
+and the choice maximises ``tau / step`` over ``top_k <= max_top_k``, ``depth <= len(profile)``,
+``total + 1 <= max_nodes``. Plain decoding makes ``1 / forward(1)`` tokens/s, reported alongside.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class AcceptanceProfile:
+    """A head's acceptance by depth and rank (see the module docstring)."""
+
+    # [depth][rank] probability, rows for depth 1, 2, ...; each row sums to <= 1
+    rank_accept: list[list[float]]
+
+    def __post_init__(self) -> None:
+        rows = self.rank_accept = [[float(p) for p in row] for row in self.rank_accept]
+        if not rows or not all(rows):
+            raise ValueError("an acceptance profile needs at least one depth with at least one rank")
+        for d, row in enumerate(rows, start=1):
+            if any(p < 0 for p in row) or sum(row) > 1 + 1e-6:
+                raise ValueError(f"rank_accept at depth {d} must be probabilities summing to <= 1, got {row}")
+
+
+@dataclass
+class DraftCost:
+    """Seconds the drafter spends per step (see the module docstring)."""
+
+    per_step: float = 0.0  # whatever the tree: root logits, extending over the accepted tokens, books
+    per_level: float = 0.0  # per expansion (one head forward over k nodes)
+    per_node: float = 0.0  # per node fed in an expansion
+
+
+@dataclass
+class TreeChoice:
+    """The chosen tree and what it is predicted to do."""
+
+    top_k: int
+    depth: int
+    total_tokens: int  # draft tokens kept (nodes - 1)
+    predicted_tau: float
+    predicted_tok_s: float
+    plain_tok_s: float  # plain decoding on the same cost table
+    step_ms: float  # predicted seconds per speculative step, in ms
+
+    @property
+    def spec(self) -> str:
+        """The --tree value of this choice."""
+        return f"dynamic:{self.top_k},{self.depth},{self.total_tokens}"
+
+    def to_dict(self) -> dict:
+        d = {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
+        return {"tree": self.spec, **d, "predicted_speedup": round(self.predicted_tok_s / self.plain_tok_s, 4)}
+
+
+def interpolate(cost: dict[int, float], n: int) -> float:
+    """Seconds of a forward over n tokens from measured points: piecewise linear, flat below the
+    smallest point, extended along the last segment above the largest.
+    """
+    xs = sorted(cost)
+    if not xs:
+        raise ValueError("the cost table is empty")
+    if n in cost:
+        return cost[n]
+    i = bisect_left(xs, n)
+    if i == 0:
+        return cost[xs[0]]
+    if i == len(xs):
+        if len(xs) == 1:
+            return cost[xs[0]] * n / xs[0]
+        i -= 1
+    x0, x1 = xs[i - 1], xs[i]
+    return cost[x0] + (cost[x1] - cost[x0]) * (n - x0) / (x1 - x0)
+
+
+def candidate_probs(profile: AcceptanceProfile, top_k: int, depth: int) -> list[float]:
+    """Acceptance probability of every EAGLE-2 candidate for (top_k, depth), best first.
+
+    Level 1 is the root's k children; each further level expands the k most probable nodes of
+    the level above (ties: earlier node), k children each, ranks beyond the profile count 0.
+    """
+    def p(d: int, r: int) -> float:
+        row = profile.rank_accept[d - 1]
+        return row[r] if r < len(row) else 0.0
+
+    level = [p(1, r) for r in range(top_k)]
+    out = list(level)
+    for d in range(2, depth + 1):
+        frontier = heapq.nlargest(top_k, range(len(level)), key=lambda i, lv=level: (lv[i], -i))
+        level = [level[f] * p(d, r) for f in frontier for r in range(top_k)]
+        out += level
+    return sorted(out, reverse=True)
+
+
+def predicted_tau(profile: AcceptanceProfile, top_k: int, depth: int, total: int) -> float:
+    """Expected tokens per step of the EAGLE-2 tree (top_k, depth, total) under ``profile``."""
+    return 1.0 + sum(candidate_probs(profile, top_k, depth)[:total])
+
+
+def choose_tree(cost: dict[int, float], draft: DraftCost, profile: AcceptanceProfile,
+                max_top_k: int = 8, max_nodes: int | None = None) -> TreeChoice:
+    """The (top_k, depth, total) with the most predicted tokens/s.
+
+    Args:
+        cost: seconds of one verify forward (a whole step of plain decoding at that width) by
+            number of tokens in it, root included; measured widths, interpolated between.
+        draft: the drafter's cost model.
+        profile: the head's acceptance by depth and rank.
+        max_top_k: largest top-k tried.
+        max_nodes: largest tree tried, root included (default: the largest measured width).
+    """
+    max_nodes = max_nodes or max(cost)
+    best: tuple[float, int, int, int, float, float] | None = None
+    for depth in range(1, len(profile.rank_accept) + 1):
+        for k in range(1, max_top_k + 1):
+            probs = candidate_probs(profile, k, depth)
+            drafting = draft.per_step + (depth - 1) * (draft.per_level + k * draft.per_node)
+            tau = 1.0
+            for total, pr in enumerate(probs[: max_nodes - 1], start=1):
+                tau += pr
+                step = interpolate(cost, total + 1) + drafting
+                rate = tau / step
+                # strictly better only: loops run small to large, so ties keep the smaller tree
+                if best is None or rate > best[0] * (1 + 1e-9):
+                    best = (rate, k, depth, total, tau, step)
+    if best is None:
+        raise ValueError(f"no tree fits max_nodes={max_nodes}")
+    rate, k, depth, total, tau, step = best
+    return TreeChoice(top_k=k, depth=depth, total_tokens=total, predicted_tau=tau, predicted_tok_s=rate,
+                      plain_tok_s=1.0 / interpolate(cost, 1), step_ms=1000 * step)
