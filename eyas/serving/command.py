@@ -84,6 +84,13 @@ def served_name(model: str | None) -> str:
     return name[: -len(".gguf")] if name.endswith(".gguf") else name
 
 
+def http_config(a: argparse.Namespace):
+    """The HTTP guards from the flags; the key from --api-key, else $EYAS_API_KEY (an empty one: no key)."""
+    from eyas.serving.guard import API_KEY_ENV, HttpConfig
+
+    return HttpConfig(a.max_body_bytes, a.body_timeout, a.api_key or os.environ.get(API_KEY_ENV) or None)
+
+
 def cmd_serve(a: argparse.Namespace) -> int:
     for flag, v in (
         ("--max-queue", a.max_queue),
@@ -101,9 +108,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     import eyas
     from eyas.serving.app import create_app
     from eyas.serving.engine import ServeLimits
-    from eyas.serving.guard import API_KEY_ENV, HttpConfig
 
-    http = HttpConfig(a.max_body_bytes, a.body_timeout, a.api_key or os.environ.get(API_KEY_ENV) or None)
+    http = http_config(a)
     spec = eyas.load(model=a.model, drafter=a.drafter, dtype=a.dtype, backend=a.backend, tree=a.tree)
     limits = ServeLimits(
         max_queue=a.max_queue, max_tokens=a.max_tokens_limit, max_prompt_tokens=a.max_prompt_tokens,

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from eyas.serving.command import add_serve_parser, cmd_serve, served_name
+from eyas.serving.command import add_serve_parser, cmd_serve, http_config, served_name
 
 
 def _parse(*argv: str) -> argparse.Namespace:
@@ -70,3 +70,20 @@ def test_served_name(tmp_path):
     (tmp_path / "smol.q8.gguf").write_bytes(b"")
     assert served_name(str(tmp_path / "Llama-3.1-8B-Instruct") + "/") == "Llama-3.1-8B-Instruct"
     assert served_name(str(tmp_path / "smol.q8.gguf")) == "smol.q8"
+
+
+def test_http_flags_and_api_key_env(monkeypatch):
+    monkeypatch.delenv("EYAS_API_KEY", raising=False)
+    h = http_config(_parse())
+    assert (h.max_body_bytes, h.body_timeout_s, h.api_key) == (2 << 20, 30.0, None)
+    h = http_config(_parse("--max-body-bytes", "5000", "--body-timeout", "2.5", "--api-key", "k1"))
+    assert (h.max_body_bytes, h.body_timeout_s, h.api_key) == (5000, 2.5, "k1")
+    monkeypatch.setenv("EYAS_API_KEY", "from-env")
+    assert http_config(_parse()).api_key == "from-env"
+    assert http_config(_parse("--api-key", "flag")).api_key == "flag"  # the flag wins
+
+
+@pytest.mark.parametrize("flags", [("--max-body-bytes", "0"), ("--body-timeout", "0"), ("--body-timeout", "-1")])
+def test_bad_http_flags_are_user_errors(flags):
+    with pytest.raises(ValueError, match=flags[0]):
+        cmd_serve(_parse(*flags))

@@ -8,89 +8,20 @@ from __future__ import annotations
 
 import threading
 import time
-from types import SimpleNamespace
 
 import httpx
 import pytest
-import torch
-
-from eyas.decode import StepEvent
-from eyas.types import RequestSettings, StepStats
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 
-class FakeTokenizer:
-    def decode(self, ids, skip_special_tokens=True) -> str:
-        return "".join(f"t{i} " for i in ids if i != 0)
-
-
-class FakeBatch:
-    """BatchDecoder's interface: every row emits one token per step (token i + 1 at step i)."""
-
-    policy = None
-
-    def __init__(self, spec: FakeSpec) -> None:
-        self.spec, self.rows = spec, {}
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def calibrate(self) -> None:
-        pass
-
-    def add(self, key, ids, settings: RequestSettings) -> StepEvent:
-        if self.spec.fail:
-            raise RuntimeError("boom")
-        self.rows[key] = row = SimpleNamespace(i=0, n=settings.max_new_tokens, stats=StepStats())
-        return self._event(row)
-
-    def step(self) -> list:
-        self.spec.gate.wait(10)
-        time.sleep(self.spec.delay)
-        self.spec.steps += 1
-        return [(k, self._event(r)) for k, r in list(self.rows.items())]
-
-    def remove(self, key) -> None:
-        del self.rows[key]
-
-    def decoder(self, key):
-        return self.rows[key]
-
-    @staticmethod
-    def _event(row) -> StepEvent:
-        i = row.i
-        row.i += 1
-        if i:
-            row.stats.record(2, 1)
-        return StepEvent(tokens=torch.tensor([i + 1]), num_accepted=min(i, 1), finished=i == row.n - 1)
-
-
-class FakeSpec:
-    tokenizer = FakeTokenizer()
-    target = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(max_position_embeddings=100000)))
-
-    def __init__(self) -> None:
-        self.gate, self.delay, self.steps, self.fail = threading.Event(), 0.0, 0, False
-        self.gate.set()
-
-    def encode(self, prompt, chat: bool = True) -> torch.Tensor:
-        return torch.arange(3)
-
-    def stop_ids(self) -> tuple[int, ...]:
-        return (0,)
-
-    def batch_decoder(self, max_batch: int, policy=None) -> FakeBatch:
-        return FakeBatch(self)
-
-
 @pytest.fixture(scope="module")
-def fake(launch):
+def fake(launch, fake_spec):
     from eyas.serving.app import create_app
     from eyas.serving.engine import ServeLimits
 
-    spec = FakeSpec()
+    spec = fake_spec()
     url = launch(create_app(lambda: spec, "fake", ServeLimits(max_queue=1, max_tokens=10000, max_batch=1)))
     yield spec, url
     spec.gate.set()  # never leave the worker blocked at teardown
