@@ -181,7 +181,8 @@ class Server:
             )
         prompt = [m.as_dict() for m in req.messages] if chat else req.text()
         default = None if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
-        gen = await self._submit(prompt, chat, req, req.token_limit(), default, "messages" if chat else "prompt")
+        gen = await self._submit(prompt, chat, req, req.token_limit(), default, "messages" if chat else "prompt",
+                                 req.token_limit_name())
         ids = ids_of("chatcmpl" if chat else "cmpl", self.model_name, "chat.completion" if chat else "text_completion")
         if req.stream:
             include_usage = req.stream_options is not None and req.stream_options.include_usage
@@ -219,10 +220,12 @@ class Server:
             self.metrics.observe_reject("invalid")
             raise
 
-    async def _submit(self, prompt, chat: bool, p, max_tokens: int | None, default: int | None, param: str):
+    async def _submit(
+        self, prompt, chat: bool, p, max_tokens: int | None, default: int | None, param: str, limit_name="max_tokens"
+    ) -> GenRequest:
         """Check, encode (off the loop), check again, queue. p: a parsed request (``settings``)."""
         try:
-            self._check_max_tokens(max_tokens)
+            self._check_max_tokens(max_tokens, limit_name)
             self._check_text_length(prompt, param)
             ids = await asyncio.get_running_loop().run_in_executor(self.pool, self._encode, prompt, chat, param)
             n = int(ids.shape[0])
@@ -255,13 +258,13 @@ class Server:
         except Exception as e:
             raise ApiError(400, f"could not encode the {param}: {e}", param) from None
 
-    def _check_max_tokens(self, max_tokens: int | None) -> None:
+    def _check_max_tokens(self, max_tokens: int | None, name: str) -> None:
         if max_tokens is not None and max_tokens > self.limits.max_tokens:
             raise ApiError(
                 400,
-                f"max_tokens is {max_tokens}; this server allows at most {self.limits.max_tokens} "
+                f"{name} is {max_tokens}; this server allows at most {self.limits.max_tokens} "
                 "(--max-tokens-limit).",
-                "max_tokens",
+                name,
                 "invalid_value",
             )
 

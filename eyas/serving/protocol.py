@@ -124,6 +124,9 @@ class ChatRequest(_Sampling):
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    def token_limit_name(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
 
 class CompletionRequest(_Sampling):
     prompt: (
@@ -140,6 +143,9 @@ class CompletionRequest(_Sampling):
 
     def token_limit(self) -> int | None:
         return self.max_tokens
+
+    def token_limit_name(self) -> str:
+        return "max_tokens"
 
 
 class TritonParameters(_Decoding):
@@ -180,7 +186,7 @@ class TritonRequest(_Strict):
 
 def parse(model: type[BaseModel], body: bytes) -> BaseModel:
     """Validate a JSON body; any problem -> ApiError 400 naming the field and what is wrong."""
-    reject_duplicate_keys(body)
+    check_json(body)
     try:
         req = model.model_validate_json(body or b"", strict=True)
     except ValidationError as e:
@@ -207,17 +213,34 @@ def _unique_pairs(pairs: list[tuple[str, object]]) -> dict:
     return dict(pairs)
 
 
-def reject_duplicate_keys(body: bytes) -> None:
-    """ApiError 400 if any JSON object in ``body`` repeats a key (anything not JSON is left to pydantic)."""
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def check_json(body: bytes) -> None:
+    """ApiError 400 unless ``body`` is one strict JSON document whose objects never repeat a key.
+
+    Python's parser is the judge of syntax: pydantic's accepts trailing data after the document
+    (``{} x``) and ``NaN``; duplicate keys are caught here, pydantic keeps the last one silently.
+    """
     try:
-        json.loads(body, object_pairs_hook=_unique_pairs)
+        json.loads(body, object_pairs_hook=_unique_pairs, parse_constant=_no_constant)
     except _DuplicateKey as e:
         key = str(e.args[0])
         raise ApiError(
             400, f"Duplicate key '{key}' in the JSON body: send each parameter once.", key, "duplicate_key"
         ) from None
-    except (ValueError, RecursionError):  # not JSON (or nested too deep): the schema parser reports it
-        pass
+    except RecursionError:
+        raise ApiError(
+            400, "The JSON body is nested too deeply. Send a valid JSON object.", None, "invalid_json"
+        ) from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, NaN / Infinity
+        raise ApiError(
+            400,
+            f"We could not parse the JSON body of your request ({e}). Send a valid JSON object.",
+            None,
+            "invalid_json",
+        ) from None
 
 
 def _to_api_error(e: ValidationError) -> ApiError:
