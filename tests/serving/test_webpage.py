@@ -113,3 +113,27 @@ def test_chat_streams_marks_accepted_drafts_and_compares_plain(page):
     assert [m["role"] for m in bodies[-1]["messages"]] == ["user", "assistant", "user"]  # multi-turn
     runs = page.locator("#runs tr")
     assert runs.count() == 2 and runs.nth(0).locator("td").nth(1).text_content() == "off"
+
+
+def test_page_asks_for_the_api_key(browser, spec, launch):
+    """With --api-key the page's first request gets 401; it asks for the key once and sends it after."""
+    from eyas.serving.app import create_app
+    from eyas.serving.engine import ServeLimits
+    from eyas.serving.guard import HttpConfig
+
+    url = launch(create_app(spec, MODEL, ServeLimits(max_tokens=64, spec_policy="always", calibrate=False),
+                            HttpConfig(api_key="page-key")))
+    page = browser.new_page()
+    page.set_default_timeout(60_000)
+    asked = []
+    page.on("dialog", lambda d: (asked.append(d.message), d.accept("page-key")))
+    sent = []
+    page.on("request", lambda r: sent.append(r.headers.get("authorization")) if "/v1/" in r.url else None)
+    page.goto(url + "/")
+    page.wait_for_function(f"document.querySelector('#model').textContent === {MODEL!r}")
+    page.fill("#max-tokens", "4")
+    _send(page, "hi")
+    page.wait_for_selector(".msg.assistant[data-state=done]")
+    page.close()
+    assert len(asked) == 1 and "API key" in asked[0]
+    assert sent[0] is None and sent[1:] == ["Bearer page-key"] * (len(sent) - 1) and len(sent) == 3

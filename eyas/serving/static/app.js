@@ -28,9 +28,23 @@ async function errorOf(response) {
   return text || response.statusText;
 }
 
+// fetch() with the server's API key (eyas serve --api-key): asked for once when a request gets 401,
+// kept for this tab only (sessionStorage), and sent as `Authorization: Bearer KEY`.
+async function api(path, init = {}) {
+  for (let attempt = 0; ; attempt++) {
+    const key = sessionStorage.getItem("eyas-api-key");
+    const headers = { ...(init.headers || {}), ...(key ? { Authorization: `Bearer ${key}` } : {}) };
+    const r = await fetch(path, { ...init, headers });
+    if (r.status !== 401 || attempt > 0) return r;
+    const given = window.prompt("This server needs an API key (eyas serve --api-key):");
+    if (!given) return r;
+    sessionStorage.setItem("eyas-api-key", given.trim());
+  }
+}
+
 async function loadModel() {
   try {
-    const r = await fetch("/v1/models");
+    const r = await api("/v1/models");
     if (!r.ok) throw new ApiFailure(r.status, await errorOf(r));
     state.model = (await r.json()).data[0].id;
     $("#model").textContent = state.model;
@@ -84,7 +98,7 @@ async function send() {
   const view = new Answer($("#speculate").checked);
   setBusy(true);
   try {
-    const r = await fetch("/v1/chat/completions", {
+    const r = await api("/v1/chat/completions", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify(requestBody(view.speculate)),
