@@ -6,6 +6,7 @@ The fake decodes one token per step as slowly as the test wants, so timing-depen
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -103,3 +104,18 @@ def test_failure_is_500_and_server_stays_up(fake):
         spec.fail = False
     assert r.status_code == 500 and "boom" in r.json()["error"]["message"]
     assert _post(url).status_code == 200
+
+
+def test_failure_on_v2_is_in_tritons_shape(fake):
+    spec, url = fake
+    body = {"text_input": "p", "parameters": {"max_tokens": 3}}
+    spec.fail = True
+    try:
+        r = httpx.post(url + "/v2/models/fake/generate", json=body, timeout=30)
+        with httpx.stream("POST", url + "/v2/models/fake/generate_stream", json=body, timeout=30) as s:
+            events = [line for line in s.iter_lines() if line.startswith("data: ")]
+    finally:
+        spec.fail = False
+    assert r.status_code == 500 and "boom" in r.json()["error"]  # {"error": "..."}, not OpenAI's object
+    assert len(events) == 1 and "boom" in json.loads(events[0][6:])["error"]
+    assert httpx.post(url + "/v2/models/fake/generate", json=body, timeout=30).status_code == 200
