@@ -61,6 +61,12 @@ def create_app(
     _add_error_handlers(app)
     if http.api_key is not None:
         app.add_middleware(ApiKeyMiddleware, api_key=http.api_key)
+    _add_routes(app, state)
+    return app
+
+
+def _add_routes(app: FastAPI, state: dict) -> None:
+    """The endpoints; ``state["server"]`` is the ``Server`` built at startup."""
 
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:
@@ -100,8 +106,6 @@ def create_app(
     @app.post("/v2/models/{name}/generate_stream")
     async def generate_stream(name: str, request: Request):
         return await state["server"].triton(name, request, stream=True)
-
-    return app
 
 
 def _add_error_handlers(app: FastAPI) -> None:
