@@ -10,7 +10,6 @@ print(piece, end="", flush=True)
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from collections.abc import Iterator
@@ -120,11 +119,8 @@ class Speculator:
                 top_k=params.pop("top_k", 0) or 0,
                 top_p=params.pop("top_p", 1.0) or 1.0,
             )
-        # exact mode: plain and speculative runs share one forward width, the drafter's tree size
-        width = self.drafter.max_nodes if self.drafter is not None else 1
         exact = self.exact if exact is None else exact
-        cfg = DecodeConfig(sampling=sampling, stop_ids=self.stop_ids(), typical=typical, exact=exact,
-                           exact_width=width, **params)
+        cfg = DecodeConfig(sampling=sampling, stop_ids=self.stop_ids(), typical=typical, exact=exact, **params)
         drafter = self.drafter if speculate else None
         if drafter is not None and fork:
             drafter = drafter.fork()
@@ -134,14 +130,12 @@ class Speculator:
         """Continuous batching (``eyas.batch``): rows join and leave between steps.
 
         Rows are added with the ``decoder`` keyword arguments; with a drafter, a
-        ``SpecPolicy`` picks each step's tree width from the batch size. Exact
-        (batch-invariant) mode keeps full trees: its forwards are padded to them anyway.
+        ``SpecPolicy`` picks each step's tree width from the batch size (cutting a tree changes
+        no token, exact mode included).
         """
         spec_policy = None
         if self.drafter is not None:
             policy = policy or PolicyConfig()
-            if self.exact:
-                policy = dataclasses.replace(policy, mode="always")
             spec_policy = SpecPolicy(self.drafter.max_nodes, policy)
         taps = self.drafter.taps if self.drafter is not None else ()
         make = functools.partial(self.decoder, fork=True)

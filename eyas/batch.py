@@ -139,15 +139,15 @@ class BatchDecoder:
 
     def verify_forward(self, trees: list[Tree]) -> tuple[ForwardOutput, int]:
         """One target forward over every row's tree: [B, W] tokens at per-row slots."""
-        decs = [r.dec for r in self.rows]
-        exact = any(d.cfg.exact for d in decs)
-        w = max(d.width for d in decs) if exact else max(t.num_nodes for t in trees)
+        if len(self.rows) == 1:  # batch 1: exactly SpecDecoder's forward (exact mode's path attention included)
+            row = self.rows[0]
+            return row.dec.verify_forward(row.seq, trees[0]), trees[0].num_nodes
+        w = max(t.num_nodes for t in trees)
         starts = torch.tensor([r.seq.cached for r in self.rows], device=self.target.device)  # [B]
-        kv_len = max(d.kv_len for d in decs) if exact else int(starts.max()) + w
+        kv_len = int(starts.max()) + w
         tokens, positions, mask = _pack(trees, starts, w, kv_len)
         b = len(self.rows)
-        start = int(starts[0]) if b == 1 else starts  # batch 1: the same call SpecDecoder makes
-        out = self.target.forward(tokens, positions, self.cache.rows(0, b), start, mask, self.taps, kv_len=kv_len)
+        out = self.target.forward(tokens, positions, self.cache.rows(0, b), starts, mask, self.taps, kv_len=kv_len)
         return out, w
 
     def calibrate(self, context: int = 128, repeats: int = 3) -> None:

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 import torch
 
 from eyas.drafters.base import Drafter, TargetFeatures
-from eyas.models.base import ForwardOutput, PathAttention, TargetModel, causal_mask
+from eyas.models.attention import round_up
+from eyas.models.base import ForwardOutput, PathAttention, TargetModel
+from eyas.models.exact import MAX_ROWS
 from eyas.tree import make_tree
 from eyas.types import DraftOutput, SamplingParams, StepStats, Tree, VerifyOutput
 from eyas.verify import TypicalConfig, logits_to_probs, sample, verify_greedy, verify_sampling, verify_typical
@@ -30,14 +32,11 @@ class DecodeConfig:
     stop_ids: tuple[int, ...] = ()
     # lossy Medusa typical acceptance instead of exact verification (None = lossless)
     typical: TypicalConfig | None = None
-    # bf16 batch invariance: pad every target forward to the same width and key
-    # length so a token's logits do not depend on how many tokens share its forward
+    # bf16 row invariance: a token's logits do not depend on how many tokens share its forward,
+    # so speculative output equals plain (drafter none) output bit for bit (eyas.models.attention)
     exact: bool = False
-    # exact mode: every target forward after prefill has exactly exact_width rows and
-    # prompt + max_new_tokens + exact_width + 1 keys, whatever the drafter (None: its tree size)
-    exact_width: int | None = None
     prefill_chunk: int = 512
-    # exact mode keeps exact_width copies of the KV cache for tree attention (PathAttention) up to this size
+    # exact mode keeps one copy of the KV cache per tree node for tree attention (PathAttention) up to this size
     max_mirror_bytes: int = 2 << 30
 
     def __post_init__(self) -> None:
@@ -87,14 +86,11 @@ class SpecDecoder:
         self.target, self.drafter, self.cfg = target, drafter, cfg
         self.verifier = make_verifier(cfg)
         self.width = drafter.max_nodes if drafter is not None else 1
-        if cfg.exact:
-            width = cfg.exact_width or self.width
-            if self.width > width:
-                raise ValueError(
-                    f"exact mode pads every forward to exact_width={width}, but the drafter's "
-                    f"trees have up to {self.width} nodes; raise exact_width or shrink the tree"
-                )
-            self.width = width
+        if cfg.exact and self.width > MAX_ROWS:
+            raise ValueError(
+                f"exact mode verifies trees of up to {MAX_ROWS} nodes, but the drafter's trees have up to "
+                f"{self.width}; shrink the tree (--total-tokens) or pass --no-exact"
+            )
         self.taps = drafter.taps if drafter is not None else ()
         self.stats = StepStats()
         self.generator = None
@@ -129,9 +125,10 @@ class SpecDecoder:
         """One target forward over the tree nodes at slots after the cached prefix."""
         n, start = tree.num_nodes, seq.cached
         positions = start + tree.depth
-        if seq.mirror is not None:
+        mirror = seq.cache if n == 1 else seq.mirror
+        if self.cfg.exact and self.target.path_attention and mirror is not None:
             # each node attends prefix + its own path in consecutive slots, as plain decoding lays them out
-            paths = PathAttention.from_tree_mask(tree.mask, start, self.kv_len, seq.mirror)
+            paths = PathAttention.from_tree_mask(tree.mask, start, round_up(start + n), mirror)
             return self._forward(tree.tokens, positions, seq.cache, start, None, paths=paths)
         mask = torch.ones(n, start + n, dtype=torch.bool, device=tree.mask.device)
         mask[:, start:] = tree.mask
@@ -159,9 +156,7 @@ class SpecDecoder:
                 f"context of {limit} tokens; shorten the prompt or lower max_new_tokens"
             )
         self.stats = StepStats()
-        own_cache = cache is None
         cache = cache if cache is not None else self.target.new_cache(1, budget)
-        self.kv_len = budget if self.cfg.exact else None
         outs = []
         for s in range(0, t, self.cfg.prefill_chunk):
             chunk = prompt[s : s + self.cfg.prefill_chunk]
@@ -172,7 +167,7 @@ class SpecDecoder:
             self.drafter.start(budget)
             feats = _cat_features(outs)
             self.drafter.extend(torch.cat([prompt[1:], first]), feats)
-        mirror = self._new_mirror(cache, budget) if own_cache else None
+        mirror = self._new_mirror(cache, budget)
         if mirror is not None:
             mirror.broadcast_from(cache, 0, t)
         return _Seq(history=torch.cat([prompt, first]), cache=cache, cached=t, mirror=mirror)
@@ -182,27 +177,16 @@ class SpecDecoder:
         if not (self.cfg.exact and self.target.path_attention and self.width > 1):
             return None
         if self.width * cache.nbytes > self.cfg.max_mirror_bytes:
-            return None  # too large: exact mode falls back to one shared layout (chains stay exact, trees may drift)
+            return None  # too large: trees are verified in one shared layout (plain steps stay exact, trees may drift)
         return self.target.new_cache(self.width, budget)
 
     def _forward(self, tokens, positions, cache, start, mask, prefill=False, paths=None) -> ForwardOutput:
         """tokens, positions: [T]; mask: [T, S] or None (causal). Adds the batch dim."""
         t = tokens.shape[0]
-        if self.cfg.exact and not prefill and t < self.width:
-            if paths is not None:  # paths masks the padding rows (they attend slot 0 only)
-                tokens, positions = _pad_rows(tokens, self.width), _pad_rows(positions, self.width)
-            else:
-                tokens, positions, mask = _pad_to_width(tokens, positions, mask, start, self.width)
-        kv_len = self.kv_len  # None unless exact; the target builds a causal mask when mask is None
-        if kv_len is not None and mask is not None:
-            mask = torch.nn.functional.pad(mask, (0, kv_len - mask.shape[1]))
-        out = self.target.forward(
+        return self.target.forward(
             tokens[None], positions[None], cache, start, None if mask is None else mask[None], self.taps,
-            logits_idx=torch.tensor([t - 1], device=tokens.device) if prefill else None, kv_len=kv_len, paths=paths,
+            logits_idx=torch.tensor([t - 1], device=tokens.device) if prefill else None, paths=paths,
         )
-        if out.hidden.shape[1] != t and not prefill:
-            out = ForwardOutput(out.logits[:, :t], out.hidden[:, :t], {k: v[:, :t] for k, v in out.taps.items()})
-        return out
 
     def _sample_first(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [V] -> [1] long, the first generated token."""
@@ -241,24 +225,3 @@ def _cat_features(outs: list[ForwardOutput]) -> TargetFeatures:
     hidden = torch.cat([o.hidden[0] for o in outs])
     taps = {k: torch.cat([o.taps[k][0] for o in outs]) for k in outs[0].taps}
     return TargetFeatures(hidden=hidden, taps=taps)
-
-
-def _pad_rows(x: torch.Tensor, width: int) -> torch.Tensor:
-    """[T] -> [width], repeating the last entry (padding rows' tokens/positions, never read)."""
-    return torch.cat([x, x[-1:].expand(width - x.shape[0])])
-
-
-def _pad_to_width(tokens, positions, mask, start, width):
-    """Pad T rows to ``width`` dummy rows that attend only slot 0 (finite, never read)."""
-    t = tokens.shape[0]
-    pad = width - t
-    tokens = torch.cat([tokens, tokens.new_zeros(pad)])
-    positions = _pad_rows(positions, width)
-    s = start + width
-    dev = tokens.device
-    full = torch.zeros(width, s, dtype=torch.bool, device=dev)
-    full[:, 0] = True
-    if mask is None:
-        mask = causal_mask(t, start, device=dev)
-    full[:t, : mask.shape[1]] = mask
-    return tokens, positions, full

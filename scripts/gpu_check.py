@@ -26,7 +26,7 @@ def tiny(seed: int, dev: str, dtype: torch.dtype) -> NativeLlama:
 
 
 def run(target, drafter, prompt, exact: bool, width: int) -> tuple[list[int], int]:
-    dec = SpecDecoder(target, drafter, DecodeConfig(max_new_tokens=96, exact=exact, exact_width=width))
+    dec = SpecDecoder(target, drafter, DecodeConfig(max_new_tokens=96, exact=exact))
     out = [t for ev in dec.generate(prompt) for t in ev.tokens.tolist()]
     return out, dec.stats.accepted
 

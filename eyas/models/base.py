@@ -37,43 +37,47 @@ class PathAttention:
     bf16 the two layouts round differently and greedy outputs drift (measured: bit-level logit
     differences, diverging outputs after 70-90 tokens). With a ``PathAttention`` every query row r reads its own copy of
     the cache, ``mirror`` row r: the committed prefix followed by r's root-to-node path in
-    consecutive slots ``start, start + 1, ...``, the layout plain decoding uses. All rows go
-    through one attention call of fixed shape, plain steps included, so a node's attention
-    rounds exactly as when plain decoding computes that token. Slots past a row's path are
-    zero in every step (masked either way; zeros keep stale entries out of the arithmetic).
+    consecutive slots ``start, start + 1, ...``, the layout plain decoding uses. Each (row, KV head)
+    is one small GEMM of fixed shape over a key length that is a multiple of 64, so a node's
+    attention rounds exactly as when plain decoding (one row, the cache as its own mirror)
+    computes that token, however many rows share the forward (eyas.models.attention). Slots past
+    a row's path are written as zeros (masked either way).
     """
 
-    # [W, W] long: row r's path (tree-node indices, root first, r last), then filler (masked)
+    # [N, N] long: row r's path (tree-node indices, root first, r last), then filler (masked)
     order: torch.Tensor
-    # [W] long: path lengths, 0 for padding rows
+    # [N] long: path lengths
     lengths: torch.Tensor
-    # [W, 1, 1, S] bool: row r attends slots < start + len(path r) (padding rows: slot 0 only)
+    # [N, 1, 1, S] bool: row r attends slots < start + len(path r)
     masks: torch.Tensor
-    # a KV cache with W rows, prefix kept equal to the real cache's (see SpecDecoder)
+    # a KV cache with W >= N rows, prefix kept equal to the real cache's (see SpecDecoder),
+    # or the real cache itself for a one-node tree (a plain step)
     mirror: object
 
     @classmethod
     def from_tree_mask(cls, tree_mask: torch.Tensor, start: int, kv_len: int, mirror) -> PathAttention:
-        """tree_mask: [N, N] bool ancestor-or-self, nodes topologically ordered; W = mirror rows >= N."""
-        n, w, dev = tree_mask.shape[0], int(mirror.k.shape[1]), tree_mask.device
-        full = torch.eye(w, dtype=torch.bool, device=dev)
-        full[:n, :n] = tree_mask
-        cols = torch.arange(w, device=dev).expand(w, w)
-        order = torch.where(full, cols, cols + w).argsort(dim=1)  # path nodes first, ascending
-        lengths = torch.where(torch.arange(w, device=dev) < n, full.sum(1), 0)
-        ends = torch.where(lengths > 0, start + lengths, 1)
-        masks = torch.arange(kv_len, device=dev)[None] < ends[:, None]  # [W, S]
+        """tree_mask: [N, N] bool ancestor-or-self, nodes topologically ordered; mirror rows >= N.
+
+        ``mirror`` may be the target's own 1-row cache when N == 1 (a plain step in exact mode).
+        """
+        n, dev = tree_mask.shape[0], tree_mask.device
+        if int(mirror.k.shape[1]) < n:
+            raise ValueError(f"path attention: {n} tree nodes but a mirror of {int(mirror.k.shape[1])} rows")
+        cols = torch.arange(n, device=dev).expand(n, n)
+        order = torch.where(tree_mask, cols, cols + n).argsort(dim=1)  # path nodes first, ascending
+        lengths = tree_mask.sum(1)
+        masks = torch.arange(kv_len, device=dev)[None] < (start + lengths)[:, None]  # [N, S]
         return cls(order=order, lengths=lengths, masks=masks[:, None, None], mirror=mirror)
 
     # derived once per forward (every layer reads them)
     @functools.cached_property
     def keep(self) -> torch.Tensor:
-        """[W, W] bool: slot j of row r's block holds a path node (the rest is zeroed)."""
+        """[N, N] bool: slot j of row r's block holds a path node (the rest is zeroed)."""
         return torch.arange(self.order.shape[1], device=self.order.device)[None] < self.lengths[:, None]
 
     @functools.cached_property
     def hidden(self) -> torch.Tensor:
-        """[W, 1, 1, S] bool: ~masks, the slots a row may not attend."""
+        """[N, 1, 1, S] bool: ~masks, the slots a row may not attend."""
         return ~self.masks
 
     @property

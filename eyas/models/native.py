@@ -12,162 +12,141 @@ import torch.nn.functional as F
 from torch import nn
 
 from eyas.kv.static import KVCache
-from eyas.models.base import ForwardOutput, PathAttention, TargetModel, causal_mask
+from eyas.models.attention import KV_BLOCK, AttnMeta, attend, round_up
+from eyas.models.base import ForwardOutput, TargetModel, causal_mask
 from eyas.models.config import ModelConfig
+from eyas.models.exact import RowFloor, linear
+from eyas.models.layers import (  # noqa: F401  (re-exported: the heads build on these)
+    MLP,
+    Attention,
+    DecoderLayer,
+    RMSNorm,
+    apply_rope,
+    rope_tables,
+    vocab_logits,
+)
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+class Rope:
+    """RoPE for one forward: ``apply`` rotates [B, T, N, Dh] with 3 ops (rotate-half convention).
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # computed in float32 like transformers, then cast back
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, H, T, Dh]; cos, sin: [B, 1, T, Dh] (rotate-half convention)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
-def rope_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
-    """inv_freq [Dh/2], positions [B, T] -> cos, sin [B, 1, T, Dh] in ``dtype``."""
-    freqs = positions[..., None].float() * inv_freq.to(positions.device)  # [B, T, Dh/2]
-    emb = torch.cat((freqs, freqs), dim=-1)[:, None]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def vocab_logits(proj: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """x [..., H] -> [..., V] = proj(x), with the fastest GEMM shape for a frozen fp32 CPU projection.
-
-    A vocabulary projection over a few rows is bound by streaming the [V, H] weight. On CPU in
-    float32 (measured on the project's AVX2 VM, 2 threads, V = 49152, H = 576) ``F.linear``
-    reaches 4-9 GB/s at 1-16 rows: 12.7 ms at 1 row, 30 ms at 9. A transposed copy makes the
-    1-row product a GEMV at twice the speed (6.4 ms), and ``W @ x.T`` (the weight as the tall
-    operand) runs 4-16 rows at 11-22 ms. Same dot products, other accumulation order (float
-    rounding only). Anything else (GPU, bf16, training, many rows) takes ``F.linear``.
+    cos, sin_signed: [B, T, 1, Dh] in the model dtype; sin_signed carries rotate_half's minus sign
+    (-sin on the first half), so x * cos + flip_halves(x) * sin_signed == x * cos + rotate_half(x) * sin.
     """
-    w = proj.weight
-    rows = x.reshape(-1, x.shape[-1])
-    m = rows.shape[0]
-    fast = w.device.type == "cpu" and w.dtype == torch.float32 and proj.bias is None
-    if not fast or w.requires_grad or m > 64:
-        return proj(x)
-    if m == 1:
-        wt = getattr(proj, "_eyas_wt", None)
-        key = (w.data_ptr(), w._version)
-        if wt is None or wt[0] != key:
-            wt = (key, w.detach().t().contiguous())  # [H, V], made once per weight version
-            proj._eyas_wt = wt
-        out = rows @ wt[1]
-    else:
-        out = torch.mm(w, rows.t()).t()
-    return out.reshape(*x.shape[:-1], w.shape[0])
+
+    def __init__(self, table: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> None:
+        cs = table[positions].to(dtype)  # [B, T, 2, Dh]
+        self.cos, self.sin_signed = cs[:, :, :1], cs[:, :, 1:]
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [B, T, N, Dh] -> rotated, contiguous."""
+        swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)  # [x2, x1]
+        return torch.addcmul(x * self.cos, swapped, self.sin_signed)
 
 
-class Attention(nn.Module):
+def rope_table(inv_freq: torch.Tensor, n: int) -> torch.Tensor:
+    """[n, 2, Dh] float32: cos and signed sin for positions 0 .. n - 1 (computed in fp32 as transformers does)."""
+    freqs = torch.arange(n, dtype=torch.float32, device=inv_freq.device)[:, None] * inv_freq  # [n, Dh/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    sin = emb.sin()
+    half = sin.shape[-1] // 2
+    sin[:, :half] = -sin[:, :half]
+    return torch.stack([emb.cos(), sin], dim=1)
+
+
+class TargetAttention(nn.Module):
+    """Self-attention with one fused ``qkv_proj`` (rows: q, then k, then v), as vLLM and gpt-fast run it."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        d, h, hk, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.h, self.hk, self.dh = h, hk, dh
-        self.q_proj = nn.Linear(d, h * dh, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(d, hk * dh, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(d, hk * dh, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(h * dh, d, bias=cfg.o_bias)
-        if cfg.qk_norm:
-            self.q_norm = RMSNorm(dh, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(dh, cfg.rms_norm_eps)
-        else:
-            self.q_norm = self.k_norm = None
+        d, self.h, self.hk, self.dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.qkv_proj = nn.Linear(d, (self.h + 2 * self.hk) * self.dh, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.h * self.dh, d, bias=cfg.o_bias)
+        self.q_norm = RMSNorm(self.dh, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.dh, cfg.rms_norm_eps) if cfg.qk_norm else None
 
-    def project(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x: [B, T, D_in] -> q [B, H, T, Dh], k, v [B, Hk, T, Dh] (q/k normed when qk_norm, RoPE applied)."""
+    def forward(self, x, rope: Rope, cache: KVCache, layer: int, meta: AttnMeta, floors) -> torch.Tensor:
+        """x: [B, T, D] -> [B, T, D]."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.h, self.dh)
-        k = self.k_proj(x).view(b, t, self.hk, self.dh)
-        v = self.v_proj(x).view(b, t, self.hk, self.dh)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = (z.transpose(1, 2) for z in (q, k, v))
-        return apply_rope(q, *rope), apply_rope(k, *rope), v
-
-    def forward(self, x, rope, cache: KVCache, layer: int, start: int, mask, kv_len: int, paths=None):
-        """x: [B, T, D]; rope: (cos, sin) [B, 1, T, Dh]; mask: [B, 1, T, S] bool or None."""
-        b, t, _ = x.shape
-        q, k, v = self.project(x, rope)
-        keys, values = cache.update(layer, start, k, v, kv_len)  # [B, Hk, S, Dh]
-        if paths is not None:
-            y = self._path_attention(q, k, v, layer, start, paths)
-        else:
-            y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.hk != self.h)
-        return self.o_proj(y.transpose(1, 2).reshape(b, t, self.h * self.dh))
-
-    def _path_attention(self, q, k, v, layer: int, start: int, paths: PathAttention) -> torch.Tensor:
-        """Every query row over its own mirror row: prefix + its path in consecutive slots.
-
-        q: [1, H, W, Dh]; k, v: [1, Hk, W, Dh] the new entries. Returns [1, H, W, Dh]. The G = H / Hk
-        query heads sharing a KV head ride as G query rows, so no KV head is repeated. Written as
-        matmul + softmax rather than torch's fused CPU kernel: that one splits work across threads
-        so that a row's rounding depends on which other rows share the call (measured), whereas
-        here every (row, KV head) is its own small GEMM and its own softmax rows.
-        """
-        w, g, kv_len = q.shape[2], self.h // self.hk, paths.masks.shape[-1]
-        mk, mv = paths.mirror.k[layer], paths.mirror.v[layer]  # [W, Hk, S_max, Dh]
-        if mk.shape[0] != w:
-            raise ValueError(f"path attention: {w} query rows but a mirror of {mk.shape[0]} rows")
-        # row r, slot start + j <- node order[r, j] ([Hk, W, W, Dh] -> [W, Hk, W, Dh]), zeros past the path
-        keep = paths.keep[None, :, :, None]
-        mk[:, :, start : start + w] = torch.where(keep, k[0][:, paths.order], 0).transpose(0, 1)
-        mv[:, :, start : start + w] = torch.where(keep, v[0][:, paths.order], 0).transpose(0, 1)
-        qr = q[0].view(self.hk, g, w, self.dh).permute(2, 0, 1, 3)  # [W, Hk, G, Dh]
-        scores = torch.matmul(qr, mk[:, :, :kv_len].transpose(-1, -2)).float() * self.dh**-0.5  # [W, Hk, G, S]
-        probs = scores.masked_fill(paths.hidden, float("-inf")).softmax(-1).to(q.dtype)
-        y = torch.matmul(probs, mv[:, :, :kv_len])  # [W, Hk, G, Dh]
-        return y.permute(1, 2, 0, 3).reshape(1, self.h, w, self.dh)
+        h, hk = self.h, self.hk
+        qkv = linear(self.qkv_proj, x, floors).view(b, t, h + 2 * hk, self.dh)
+        qk = qkv[:, :, : h + hk]
+        if self.q_norm is not None:  # Qwen3: per-head RMSNorm of q and k before RoPE
+            qk = torch.cat([rms_norm(qk[:, :, :h], self.q_norm), rms_norm(qk[:, :, h:], self.k_norm)], dim=2)
+        qk = rope.apply(qk)  # [B, T, H + Hk, Dh]
+        y = attend(qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + hk :], cache, layer, meta)  # [B, T, H, Dh]
+        return linear(self.o_proj, y.reshape(b, t, h * self.dh), floors)
 
 
-class MLP(nn.Module):
+class TargetMLP(nn.Module):
+    """SwiGLU with one fused ``gate_up_proj`` (rows: gate, then up)."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, floors) -> torch.Tensor:
+        gate, up = linear(self.gate_up_proj, x, floors).chunk(2, dim=-1)
+        return linear(self.down_proj, F.silu(gate) * up, floors)
 
 
-class DecoderLayer(nn.Module):
+class TargetLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg)
-        self.mlp = MLP(cfg)
+        self.self_attn = TargetAttention(cfg)
+        self.mlp = TargetMLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, rope, cache, layer, start, mask, kv_len, paths=None):
-        x = x + self.self_attn(self.input_layernorm(x), rope, cache, layer, start, mask, kv_len, paths)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, rope: Rope, cache: KVCache, layer: int, meta: AttnMeta, floors) -> torch.Tensor:
+        x = x + self.self_attn(rms_norm(x, self.input_layernorm), rope, cache, layer, meta, floors)
+        return x + self.mlp(rms_norm(x, self.post_attention_layernorm), floors)
+
+
+def rms_norm(x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+    """One fused kernel: statistics and scaling in fp32, one rounding to x's dtype at the end.
+
+    Numerics policy: transformers rounds the normalised activations to the model dtype before
+    multiplying by the weight (two roundings); this rounds once. The difference is within bf16
+    rounding (tests/models/test_native.py compares logits with transformers at stated tolerances).
+    """
+    return F.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)
+
+
+# fused name -> the Hugging Face projections concatenated into it, in row order
+FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+         "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+
+
+def fuse_hf_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Hugging Face names (q/k/v_proj, gate/up_proj) -> fused names (qkv_proj, gate_up_proj).
+
+    Example: model.layers.0.self_attn.{q,k,v}_proj.weight -> model.layers.0.self_attn.qkv_proj.weight.
+    Keys that are already fused pass through, so fused checkpoints load as well.
+    """
+    out = dict(sd)
+    for fused, parts in FUSED.items():
+        for key in [k for k in sd if f".{parts[0]}." in k]:
+            head, kind = key.split(f".{parts[0]}.")
+            names = [f"{head}.{p}.{kind}" for p in parts]
+            if all(n in out for n in names):
+                out[f"{head}.{fused}.{kind}"] = torch.cat([out.pop(n) for n in names])
+    return out
 
 
 class LlamaBody(nn.Module):
-    """``model.*`` in transformers naming."""
+    """``model.*`` in transformers naming (projections fused)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(TargetLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class NativeLlama(nn.Module, TargetModel):
-    """The fast target backend."""
+    """The fast target backend: fused projections, fp32 KV cache for bf16 on CPU, 3-op RoPE."""
 
     row_starts = True
     path_attention = True
@@ -180,6 +159,8 @@ class NativeLlama(nn.Module, TargetModel):
         self.tie_weights()
         # a plain attribute, not a buffer: .to(bfloat16) must not round the RoPE frequencies
         self.inv_freq = cfg.inv_freq()
+        self._rope = torch.empty(0, 2, cfg.head_dim)  # [P, 2, Dh] fp32 cos / signed sin, grown on demand
+        self.row_floors = RowFloor()
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -190,7 +171,8 @@ class NativeLlama(nn.Module, TargetModel):
         return {("lm_head_proj." + k[8:] if k.startswith("lm_head.") else k): v for k, v in sd.items()}
 
     def load_hf_state_dict(self, sd: dict) -> None:
-        sd = self._remap(sd)
+        """A Hugging Face state dict (separate or already fused projections); fused here."""
+        sd = fuse_hf_state_dict(self._remap(sd))
         if self.config.tie_word_embeddings:
             sd.pop("lm_head_proj.weight", None)
         missing, unexpected = self.load_state_dict(sd, strict=False)
@@ -211,9 +193,15 @@ class NativeLlama(nn.Module, TargetModel):
     def device(self) -> torch.device:
         return self.model.embed_tokens.weight.device
 
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """float32 for a 16-bit model on a CPU (torch's CPU attention is several times faster in fp32), else dtype."""
+        return torch.float32 if self.device.type == "cpu" else self.dtype
+
     def new_cache(self, batch: int, max_slots: int) -> KVCache:
         c = self.config
-        return KVCache.empty(c.num_layers, batch, c.num_kv_heads, max_slots, c.head_dim, self.dtype, self.device)
+        slots = round_up(max_slots)  # exact mode attends multiples of KV_BLOCK keys
+        return KVCache.empty(c.num_layers, batch, c.num_kv_heads, slots, c.head_dim, self.kv_dtype, self.device)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(tokens)
@@ -221,32 +209,43 @@ class NativeLlama(nn.Module, TargetModel):
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         return vocab_logits(self.lm_head_proj, hidden)
 
-    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return rope_tables(self.inv_freq, positions, self.dtype)
+    def rope(self, positions: torch.Tensor, slots: int) -> Rope:
+        """positions: [B, T] long, all < slots."""
+        if self._rope.shape[0] < slots or self._rope.device != self.device:
+            self._rope = rope_table(self.inv_freq.to(self.device), max(slots, 2 * self._rope.shape[0]))
+        return Rope(self._rope, positions, self.dtype)
 
     @torch.inference_mode()
     def forward(
         self, tokens, positions, cache, start, mask=None, taps=(), logits_idx=None, kv_len=None, paths=None
     ):
-        b, t = tokens.shape
-        kv_len = kv_len if kv_len is not None else start + t
-        if paths is not None:
-            if b != 1 or not isinstance(start, int):
-                raise ValueError("path attention (exact mode) runs a batch of one")
-            mask = None  # each row's mask is in paths
-        elif mask is None and (t > 1 or kv_len != start + t):
-            mask = causal_mask(t, start, kv_len, tokens.device).expand(b, t, kv_len)
-        attn_mask = None if mask is None else mask[:, None]  # [B, 1, T, S]
-        rope = self.rope(positions)
+        meta = self._meta(tokens, cache, start, mask, kv_len, paths)
+        floors = self.row_floors if paths is not None else None
+        rope = self.rope(positions, cache.max_slots)
         x = self.embed(tokens)
         tapped = {}
         for i, layer in enumerate(self.model.layers):
             if i in taps:
                 tapped[i] = x
-            x = layer(x, rope, cache, i, start, attn_mask, kv_len, paths)
-        hidden = self.model.norm(x)
+            x = layer(x, rope, cache, i, meta, floors)
+        hidden = rms_norm(x, self.model.norm)
         rows = hidden if logits_idx is None else hidden[:, logits_idx]
-        return ForwardOutput(logits=self.lm_head(rows).float(), hidden=hidden, taps=tapped)
+        logits = linear(self.lm_head_proj, rows, floors) if floors is not None else self.lm_head(rows)
+        return ForwardOutput(logits=logits.float(), hidden=hidden, taps=tapped)
+
+    def _meta(self, tokens, cache, start, mask, kv_len, paths) -> AttnMeta:
+        b, t = tokens.shape
+        if paths is not None:
+            if b != 1 or not isinstance(start, int):
+                raise ValueError("path attention (exact mode) runs a batch of one")
+            kv_len = paths.masks.shape[-1]
+            if kv_len % KV_BLOCK or kv_len > cache.max_slots:
+                raise ValueError(f"path attention needs kv_len a multiple of {KV_BLOCK} within the cache, got {kv_len}")
+            return AttnMeta(start=start, kv_len=kv_len, paths=paths)
+        kv_len = kv_len if kv_len is not None else start + t
+        if mask is None and (t > 1 or kv_len != start + t):
+            mask = causal_mask(t, start, kv_len, tokens.device).expand(b, t, kv_len)
+        return AttnMeta(start=start, kv_len=kv_len, mask=None if mask is None else mask[:, None])
 
     def commit(self, cache: KVCache, start: int, src: torch.Tensor) -> None:
         cache.commit(start, src)

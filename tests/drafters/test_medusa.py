@@ -193,8 +193,8 @@ def test_exact_mode_bf16_equals_exact_plain(tiny):
     drafter = MedusaDrafter(target_model=target, heads=heads, tree="static:eagle_small")
     p = prompt_ids(7, seed=8)
     width = drafter.max_nodes
-    assert run(target, drafter, p, exact=True, exact_width=width)[0] == \
-        run(target, None, p, exact=True, exact_width=width)[0]
+    assert run(target, drafter, p, exact=True)[0] == \
+        run(target, None, p, exact=True)[0]
 
 
 # ---- sampling --------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ WIDTH = len(PARENTS)
 
 
 def _decoder(target, exact=True):
-    return SpecDecoder(target, None, DecodeConfig(max_new_tokens=16, exact=exact, exact_width=WIDTH))
+    return SpecDecoder(target, None, DecodeConfig(max_new_tokens=16, exact=exact))
 
 
 def _tree(tokens: list[int]):
@@ -43,9 +43,16 @@ def _plain_logits(target, prompt, path_tokens: list[int]) -> list[torch.Tensor]:
     return out
 
 
+def _with_mirror(target, seq):
+    """A decoder without a drafter keeps no mirror; give it one as wide as the tree (what a drafter's decoder has)."""
+    seq.mirror = target.new_cache(WIDTH, seq.cache.max_slots)
+    seq.mirror.broadcast_from(seq.cache, 0, seq.cached)
+    return seq
+
+
 def _tree_logits(target, prompt, tokens: list[int]) -> torch.Tensor:
     dec = _decoder(target)
-    seq = dec.prefill(prompt)
+    seq = _with_mirror(target, dec.prefill(prompt))
     tokens[0] = int(seq.history[-1])  # the root is the token prefill produced
     return dec.verify_forward(seq, _tree(tokens)).logits[0]
 
@@ -88,7 +95,7 @@ def test_path_attention_restores_node_order_in_cache(tiny):
     runs = {}
     for exact in (True, False):
         dec = _decoder(target, exact=exact)
-        seq = dec.prefill(prompt)
+        seq = _with_mirror(target, dec.prefill(prompt))
         tokens[0] = int(seq.history[-1])
         dec.verify_forward(seq, _tree(tokens))
         runs[exact] = seq.cache.k[0, 0, :, 40 : 40 + WIDTH]  # first layer: inputs identical either way
@@ -97,14 +104,15 @@ def test_path_attention_restores_node_order_in_cache(tiny):
 
 def test_from_tree_mask_paths_and_masks(tiny):
     tree = _tree([0, 1, 2, 3, 4, 5, 6])
-    mirror = tiny.native("llama", seed=0).new_cache(WIDTH + 2, 20)  # 2 padding rows
-    pa = PathAttention.from_tree_mask(tree.mask, start=10, kv_len=20, mirror=mirror)
+    mirror = tiny.native("llama", seed=0).new_cache(WIDTH + 2, 20)  # a mirror may have spare rows
+    pa = PathAttention.from_tree_mask(tree.mask, start=10, kv_len=64, mirror=mirror)
     assert pa.paths == [[0], [0, 1], [0, 2], [0, 3], [0, 3, 4], [0, 3, 4, 5], [0, 1, 6]]
-    assert pa.order.shape == (WIDTH + 2, WIDTH + 2)
+    assert pa.order.shape == (WIDTH, WIDTH)
     assert pa.order[5, :4].tolist() == [0, 3, 4, 5]
-    assert pa.masks.shape == (WIDTH + 2, 1, 1, 20)
-    assert pa.masks[5, 0, 0].tolist() == [True] * 14 + [False] * 6  # prefix 10 + path of 4
-    assert pa.masks[WIDTH, 0, 0].tolist() == [True] + [False] * 19  # padding: slot 0 only
+    assert pa.masks.shape == (WIDTH, 1, 1, 64)
+    assert pa.masks[5, 0, 0].tolist() == [True] * 14 + [False] * 50  # prefix 10 + path of 4
+    with pytest.raises(ValueError, match="mirror of 3 rows"):
+        PathAttention.from_tree_mask(tree.mask, 10, 64, tiny.native("llama", seed=0).new_cache(3, 20))
 
 
 def test_path_attention_needs_batch_of_one(tiny):

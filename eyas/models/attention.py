@@ -1,0 +1,86 @@
+"""Attention of the native target: the fast path, and exact mode's row-invariant path.
+
+Inputs are in [B, T, N, Dh] ("BTHD", straight out of the fused q/k/v projection); the KV cache
+is [B, Hk, S, Dh] per layer. On a CPU, a bfloat16 model keeps its cache in float32 (values are
+rounded to bfloat16 first, so the cache holds exactly what a bf16 cache would) because torch's
+fused CPU attention is slow in bf16: 0.30 ms for one query over 300 keys against 0.04 ms in
+fp32, measured on the AVX512-BF16 VM (docs/benchmarks.md, "Hot path").
+
+Exact mode (``PathAttention``): every query row r reads its own mirror row of the cache holding
+the committed prefix followed by r's root-to-node path in consecutive slots, the layout plain
+decoding produces, and is computed as one small GEMM per (row, KV head) of fixed shape
+[G, Dh] x [Dh, S] plus a row softmax, where S = ``kv_len`` is a multiple of ``KV_BLOCK``. Measured
+(tests/models/test_path_attention.py): with S a multiple of 64 these results do not depend on S
+(trailing masked slots) nor on how many rows share the call, at 1 and 2 threads, whereas torch's
+fused kernel splits work across threads so that a row's rounding depends on the other rows.
+A plain step is the same computation with one row whose mirror is the cache itself, so a token
+gets the same bits whether plain decoding or a tree verified it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from eyas.kv.static import KVCache
+from eyas.models.base import PathAttention
+
+# exact mode's key lengths are multiples of this (see the module docstring)
+KV_BLOCK = 64
+
+
+def round_up(n: int, block: int = KV_BLOCK) -> int:
+    return -(-n // block) * block
+
+
+@dataclass
+class AttnMeta:
+    """Where the new tokens go and what they may attend (one object per forward, read by every layer)."""
+
+    # cached slots before the new tokens: an int, or [B] long (one committed length per row)
+    start: int | torch.Tensor
+    # keys attended: slots 0 .. kv_len
+    kv_len: int
+    # [B, 1, T, S] bool (True = may attend), or None = causal / every slot < kv_len
+    mask: torch.Tensor | None = None
+    # exact mode (batch of one): per-row path attention instead of ``mask``
+    paths: PathAttention | None = None
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int, meta: AttnMeta,
+           is_causal: bool = False) -> torch.Tensor:
+    """q: [B, T, H, Dh]; k, v: [B, T, Hk, Dh] (new entries) -> [B, T, H, Dh] in q's dtype."""
+    if meta.paths is not None:
+        return path_attend(q, k, v, cache, layer, meta)
+    keys, values = cache.update(layer, meta.start, k.transpose(1, 2), v.transpose(1, 2), meta.kv_len)
+    qt = q.transpose(1, 2).to(keys.dtype)  # [B, H, T, Dh]
+    y = F.scaled_dot_product_attention(qt, keys, values, attn_mask=meta.mask, is_causal=is_causal,
+                                       enable_gqa=keys.shape[1] != qt.shape[1])
+    return y.transpose(1, 2).to(q.dtype)
+
+
+def path_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int,
+                meta: AttnMeta) -> torch.Tensor:
+    """Exact mode, batch of one: q [1, N, H, Dh]; k, v [1, N, Hk, Dh] for N tree nodes -> [1, N, H, Dh]."""
+    paths, start, kv_len = meta.paths, meta.start, meta.kv_len
+    n, h, dh = q.shape[1], q.shape[2], q.shape[3]
+    hk = k.shape[2]
+    mirror = paths.mirror
+    mk, mv = mirror.k[layer], mirror.v[layer]  # [W, Hk, S_max, Dh], W >= N
+    if mirror is cache:  # a plain step: one row, the cache itself
+        mk[:, :, start : start + n] = k.transpose(1, 2)
+        mv[:, :, start : start + n] = v.transpose(1, 2)
+    else:
+        # the tree's own entries, in node order, for commit (slots start .. start + N of the cache)
+        cache.update(layer, start, k.transpose(1, 2), v.transpose(1, 2), kv_len)
+        # mirror row r, slot start + j <- node order[r, j]; zeros past r's path ([N, N, Hk, Dh] -> [N, Hk, N, Dh])
+        keep = paths.keep[:, :, None, None]
+        mk[:n, :, start : start + n] = torch.where(keep, k[0][paths.order], 0).transpose(1, 2)
+        mv[:n, :, start : start + n] = torch.where(keep, v[0][paths.order], 0).transpose(1, 2)
+    qr = q[0].view(n, hk, h // hk, dh).to(mk.dtype)  # [N, Hk, G, Dh]: the G query heads of a KV head
+    scores = torch.matmul(qr, mk[:n, :, :kv_len].transpose(-1, -2)) * dh**-0.5  # [N, Hk, G, S]
+    probs = scores.float().masked_fill(paths.hidden, float("-inf")).softmax(-1).to(mv.dtype)
+    y = torch.matmul(probs, mv[:n, :, :kv_len])  # [N, Hk, G, Dh]
+    return y.view(1, n, h, dh).to(q.dtype)

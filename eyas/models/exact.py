@@ -1,0 +1,70 @@
+"""Row invariance of the target's linear layers, probed at run time (exact mode).
+
+Exact mode promises that a token's logits do not depend on how many tokens share its forward.
+For the projections that holds when the GEMM gives each row the same bits whatever the number
+of rows M. Whether it does depends on the library's kernel choice for (M, N, K), the dtype and
+the thread count, so it is probed once per weight shape with random rows. Measured on the
+AVX512-BF16 VM (bf16, oneDNN, 1 and 2 threads): every multi-row product gives a row the same bits
+whatever M and the row's position, but the 1-row kernel (a GEMV) of SmolLM2's [576, 1536] down
+projection rounds some rows differently. The probe answers with the smallest M from which every
+row count up to ``MAX_ROWS`` agrees; the forward pads smaller inputs up to it (``linear``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# largest forward (tree nodes) exact mode checks; wider forwards are padded to it
+MAX_ROWS = 64
+
+
+def row_floor(weight: torch.Tensor, bias: torch.Tensor | None, max_rows: int = MAX_ROWS) -> int:
+    """Smallest m0 such that F.linear over any M in m0 .. max_rows rows gives every row the bits it gets in a
+    ``max_rows``-row product. weight: [N, K].
+
+    Differences are data-dependent (measured: the 1-row GEMV of a [576, 1536] bf16 weight rounds about one
+    row in ten differently from the multi-row kernel), so each M is checked on ``max_rows`` random rows,
+    split into consecutive chunks of M.
+    """
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(max_rows, weight.shape[1], generator=g).to(device=weight.device, dtype=weight.dtype)
+    ref = F.linear(x, weight, bias)
+    floor = 1
+    for m in range(1, max_rows):
+        chunks = [F.linear(x[i : i + m], weight, bias) for i in range(0, max_rows - m + 1, m)]
+        if not torch.equal(torch.cat(chunks), ref[: len(chunks) * m]):
+            floor = m + 1
+    return floor
+
+
+class RowFloor:
+    """Probe results per (shape, dtype, device, threads): the row count each linear is padded to in exact mode."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple, int] = {}
+
+    def __call__(self, mod: nn.Linear) -> int:
+        w = mod.weight
+        key = (tuple(w.shape), w.dtype, w.device, mod.bias is not None, torch.get_num_threads())
+        if key not in self._seen:
+            self._seen[key] = row_floor(w, mod.bias)
+        return self._seen[key]
+
+    def table(self) -> dict[str, int]:
+        """{"NxK dtype threads": floor} for reports."""
+        return {f"{k[0][0]}x{k[0][1]} {str(k[1]).removeprefix('torch.')} t{k[4]}": v for k, v in self._seen.items()}
+
+
+def linear(mod: nn.Linear, x: torch.Tensor, floors: RowFloor | None) -> torch.Tensor:
+    """x: [B, T, K] -> [B, T, N]. With ``floors`` (exact mode), fewer rows than the probed floor are
+    zero-padded so the GEMM runs the kernel every larger forward runs.
+    """
+    if floors is not None:
+        b, t, k = x.shape
+        need = floors(mod)
+        if b * t < need:
+            padded = torch.cat([x.reshape(b * t, k), x.new_zeros(need - b * t, k)])
+            return F.linear(padded, mod.weight, mod.bias)[: b * t].view(b, t, -1)
+    return F.linear(x, mod.weight, mod.bias)
