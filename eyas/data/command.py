@@ -4,6 +4,7 @@ eyas data --out data/smollm2.jsonl                                # all four tra
 eyas data --prompts gsm8k,mt_bench_101 --limit 500 --shuffle-seed 0 --out d.jsonl
 eyas data --prompts my_sharegpt.jsonl --model ./Llama-3.1-8B-Instruct --batch-size 32 --out d.jsonl
 eyas data --endpoint http://127.0.0.1:8000/v1 --concurrency 64 --out d.jsonl   # vLLM / SGLang server
+eyas data --prompts magpie --limit 20000 --out magpie.jsonl       # the target writes the requests too
 
 A killed run continues where it stopped when started again with the same --out.
 """
@@ -28,7 +29,8 @@ def add_data_parser(subparsers) -> argparse.ArgumentParser:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--prompts", action="append", default=None,
-                   help="'all' (default: " + ", ".join(TRAIN_SOURCES) + "), one of those names, or a "
+                   help="'all' (default: " + ", ".join(TRAIN_SOURCES) + "), one of those names, 'magpie' "
+                        "(the target writes the user requests itself; --limit N of them), or a "
                         ".jsonl/.json file of ShareGPT / OpenAI-messages conversations; comma-separated "
                         "or repeated")
     p.add_argument("--data-dir", default=None,
@@ -37,16 +39,22 @@ def add_data_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="at most N conversations per source")
     p.add_argument("--shuffle-seed", type=int, default=None,
                    help="shuffle each source with this seed before --limit (default: file order)")
-    p.add_argument("--batch-size", type=int, default=16, help="native: prompts decoded together")
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="native: rows decoded together; finished rows are refilled with new prompts at once")
+    p.add_argument("--prefill-rows", type=int, default=16, help="native: prompts prefilled in one forward")
     p.add_argument("--max-new-tokens", type=int, default=512, help="per assistant turn")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None, help="sampling seed")
+    p.add_argument("--magpie-temperature", type=float, default=1.0,
+                   help="magpie: sampling temperature of the user requests (> 0)")
+    p.add_argument("--magpie-top-p", type=float, default=1.0, help="magpie: top-p of the user requests")
+    p.add_argument("--magpie-max-tokens", type=int, default=256, help="magpie: longest user request")
     p.add_argument("--model", default=None,
                    help="HF model dir, .gguf file or hub id (default: embedded SmolLM2)")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
-                   help="native: weights dtype. On CPUs without native bf16 matmul (no AVX512-BF16/AMX) "
-                        "float32 batches far better: bf16 GEMM cost there grows with the batch rows")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="native: weights dtype (auto: bfloat16 where bf16 matmuls are native, a GPU or a CPU "
+                        "with AVX512-BF16/AMX, else float32: bf16 GEMM cost there grows with the batch rows)")
     p.add_argument("--endpoint", default=None,
                    help="generate through an OpenAI-compatible server instead, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--api-model", default=None, help="--endpoint: model name (default: first of /v1/models)")
@@ -59,8 +67,9 @@ def cmd_data(a: argparse.Namespace) -> int:
     """Run ``eyas data``; returns the exit code."""
     if a.endpoint is None and a.api_model is not None:
         raise ValueError("--api-model names a model on a server; pass --endpoint URL too (or use --model)")
+    specs, magpie = _split_magpie(a.prompts or ["all"], a)
     data_dir = a.data_dir or os.environ.get("EYAS_DATA_DIR") or DEFAULT_DATA_DIR
-    convs = read_sources(a.prompts or ["all"], data_dir, a.limit, a.shuffle_seed)
+    convs = read_sources(specs, data_dir, a.limit, a.shuffle_seed) if specs else []
     out = OutputFile(a.out)
     done = out.resume()
     try:
@@ -68,23 +77,49 @@ def cmd_data(a: argparse.Namespace) -> int:
         if len(todo) < len(convs):
             print(f"data: resuming, {len(convs) - len(todo)} of {len(convs)} conversations already in "
                   f"{out.path}", file=sys.stderr)
-        if not todo:
-            print(f"data: nothing to do, all {len(convs)} conversations are in {out.path}")
+        wanted = len(todo) + (max(0, magpie.count - sum(i.startswith("magpie:") for i in done)) if magpie else 0)
+        if not wanted:
+            print(f"data: nothing to do, all {len(convs) + (magpie.count if magpie else 0)} conversations are in "
+                  f"{out.path}")
             return 0
-        gen = _generator(a)
-        progress = _Progress(len(todo))
+        gen = _generator(a, magpie)
+        progress = _Progress(wanted)
         sink = Sink(out, gen.describe(), progress)
+        extra = None
+        if magpie is not None:
+            from eyas.data.magpie import MagpieJobs
+
+            extra = MagpieJobs(gen, magpie, done, sink)
         try:
-            gen.run(todo, sink)
+            gen.run(todo, sink, extra) if extra is not None else gen.run(todo, sink)
         finally:
             progress.close()
+        if extra is not None:
+            print(extra.summary(), file=sys.stderr)
         _summary(sink, time.perf_counter() - progress.t0, out)
     finally:
         out.close()
     return 0
 
 
-def _generator(a: argparse.Namespace):
+def _split_magpie(prompts: list[str], a: argparse.Namespace):
+    """--prompts specs without 'magpie', and the MagpieConfig when 'magpie' was named (else None)."""
+    items = [s.strip() for spec in prompts for s in spec.split(",") if s.strip()]
+    if "magpie" not in items:
+        return prompts, None
+    if a.endpoint is not None:
+        raise ValueError("--prompts magpie runs on the native target (it continues the chat template's user "
+                         "prefix); drop --endpoint")
+    if a.limit is None:
+        raise ValueError("--prompts magpie has no natural size: pass --limit N (Magpie conversations wanted)")
+    from eyas.data.magpie import MagpieConfig
+
+    cfg = MagpieConfig(count=a.limit, temperature=a.magpie_temperature, top_p=a.magpie_top_p,
+                       max_user_tokens=a.magpie_max_tokens)
+    return [i for i in items if i != "magpie"], cfg
+
+
+def _generator(a: argparse.Namespace, magpie=None):
     if a.endpoint is not None:
         from eyas.data.remote import RemoteConfig, RemoteGenerator
 
@@ -96,8 +131,9 @@ def _generator(a: argparse.Namespace):
     from eyas.data.generate import GenConfig, NativeGenerator
 
     cfg = GenConfig(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p,
-                    seed=a.seed, batch_size=a.batch_size)  # validate before the model loads
-    return NativeGenerator(eyas.load(model=a.model, drafter="none", dtype=a.dtype), cfg)
+                    seed=a.seed, batch_size=a.batch_size, prefill_rows=a.prefill_rows)  # validate before loading
+    user = magpie.sampling if magpie is not None else None
+    return NativeGenerator(eyas.load(model=a.model, drafter="none", dtype=a.dtype), cfg, user_sampling=user)
 
 
 def _summary(sink: Sink, seconds: float, out: OutputFile) -> None:

@@ -19,13 +19,15 @@ import torch
 
 from eyas.api import Speculator
 from eyas.data.command import add_data_parser
-from eyas.data.generate import BatchGenerator, GenConfig, NativeGenerator
+from eyas.data.engine import EngineConfig, Job, RefillEngine
+from eyas.data.generate import GenConfig, NativeGenerator
 from eyas.data.output import OutputFile, Sink
 from eyas.data.remote import RemoteConfig, RemoteGenerator, base_url
 from eyas.data.sources import Conversation
 from eyas.decode import DecodeConfig, SpecDecoder
 from eyas.drafters.loading import DrafterSpec
 from eyas.models.loading import LoadedTarget
+from eyas.types import SamplingParams
 
 IM_END = 252  # the word-level tokenizer's <|im_end|>
 TEMPLATE = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
@@ -80,21 +82,51 @@ def prompts(spec: Speculator, lengths=(1, 4, 13, 13, 30, 57)) -> list[list[int]]
 
 
 # ---- the batch engine -------------------------------------------------------------------------------
-@pytest.mark.parametrize("prefill_chunk", [256, 5])
-def test_batched_equals_unbatched_greedy(spec, prefill_chunk) -> None:
+def engine(spec, stop_ids=(), modes=None, **cfg) -> RefillEngine:
+    args = (spec.target.model, stop_ids, EngineConfig(**cfg))
+    return RefillEngine(*args) if modes is None else RefillEngine(*args, modes=modes)
+
+
+# batch 2 / refill at 1: rows finish and are refilled while others decode (each row at its own length);
+# prefill_rows 1 and chunk 5: one prompt per prefill, in several chunks
+@pytest.mark.parametrize("cfg", [
+    dict(batch_size=8), dict(batch_size=2, refill_at=1), dict(batch_size=3, prefill_rows=1, prefill_chunk=5),
+    dict(batch_size=4, refill_at=4, prefill_rows=2, slots=8),  # the cache grows
+])
+def test_batched_equals_unbatched_greedy(spec, cfg) -> None:
     ps = prompts(spec)
-    gen = BatchGenerator(spec.target.model, (), GenConfig(max_new_tokens=24, prefill_chunk=prefill_chunk))
-    out = gen.generate(ps)
-    for p, comp in zip(ps, out, strict=True):
-        assert comp.token_ids == plain(spec, p, 24)
-        assert comp.finish_reason == "length"
+    budgets = [24, 3, 17, 24, 9, 24]  # rows of different budgets finish at different steps
+    eng = engine(spec, **cfg, max_new_tokens=24)
+    jobs = _Jobs([Job(i, p, max_new_tokens=n) for i, (p, n) in enumerate(zip(ps, budgets, strict=True))])
+    eng.run(jobs)
+    for i, (p, n) in enumerate(zip(ps, budgets, strict=True)):
+        assert jobs.results[i].token_ids == plain(spec, p, n)
+        assert jobs.results[i].finish_reason == "length"
+    if cfg["batch_size"] < len(ps):  # a job was taken after one finished while others were still decoding
+        assert any(done and live for done, live in jobs.taken)
+
+
+class _Jobs:
+    def __init__(self, jobs) -> None:
+        self.todo, self.results, self.issued = list(jobs), {}, 0
+        self.taken: list[tuple[int, int]] = []  # (jobs done, jobs live) when each job was taken
+
+    def next_job(self):
+        if not self.todo:
+            return None
+        self.taken.append((len(self.results), self.issued - len(self.results)))
+        self.issued += 1
+        return self.todo.pop(0)
+
+    def done(self, job, comp) -> None:
+        self.results[job.key] = comp
 
 
 def test_stop_ids_end_rows_and_finished_rows_leave_the_batch(spec) -> None:
     ps = prompts(spec)
     refs = [plain(spec, p, 20) for p in ps]
     stop = refs[2][3]  # a token row 2 emits at step 4: it must stop there, other rows maybe elsewhere
-    gen = BatchGenerator(spec.target.model, (stop,), GenConfig(max_new_tokens=20))
+    gen = engine(spec, (stop,), max_new_tokens=20, batch_size=3, refill_at=1)
     out = gen.generate(ps)
     for p, ref, comp in zip(ps, refs, out, strict=True):
         assert comp.token_ids == plain(spec, p, 20, stop_ids=(stop,))
@@ -107,7 +139,7 @@ def test_stop_ids_end_rows_and_finished_rows_leave_the_batch(spec) -> None:
 def test_context_end_caps_the_budget(spec) -> None:
     ctx = spec.target.model.config.max_position_embeddings  # 512
     long_prompt = spec.encode([user(words(ctx - 13, seed=3))]).tolist()  # 5 template tokens + ctx-13 words
-    gen = BatchGenerator(spec.target.model, (), GenConfig(max_new_tokens=32))
+    gen = engine(spec, max_new_tokens=32)
     short = prompts(spec, (5,))[0]
     out = gen.generate([long_prompt, short])
     assert len(out[0].token_ids) == ctx - len(long_prompt) == 8 and out[0].finish_reason == "length"
@@ -119,8 +151,8 @@ def test_sampling_is_seeded(spec) -> None:
     ps = prompts(spec, (3, 9))
 
     def draw(seed: int) -> list[list[int]]:
-        cfg = GenConfig(max_new_tokens=12, temperature=1.0, top_p=0.9, seed=seed)
-        return [c.token_ids for c in BatchGenerator(spec.target.model, (), cfg).generate(ps)]
+        eng = engine(spec, modes=[SamplingParams(1.0, 0, 0.9)], max_new_tokens=12, seed=seed)
+        return [c.token_ids for c in eng.generate(ps)]
 
     assert draw(1) == draw(1)
     assert draw(1) != draw(2)
