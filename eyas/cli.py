@@ -3,6 +3,7 @@
 eyas generate "PROMPT" [--model M] [--drafter none|ngram|PATH] [--tree ...] [--json]
 eyas bench speed --questions FILE [--limit K] [--drafter ...] [--json OUT]
 eyas bench load --url URL [--concurrency 1,4,16] [--compare-speculation] [--json OUT] [--plot PNG]
+eyas convert SRC OUT --to eagle3|speculators|gguf|eagle1|eagle1-vllm|medusa|medusa-vllm [--verifier NAME_OR_DIR]
 """
 
 from __future__ import annotations
@@ -174,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_parser(sub)
     add_train_parser(sub)
     add_serve_parser(sub)
+    from eyas.formats.convert import add_convert_parser
+
+    add_convert_parser(sub)
     return p
 
 

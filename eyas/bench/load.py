@@ -25,11 +25,10 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import httpx
 from tqdm import tqdm
 
-from eyas.bench.load_client import Side, measure_level
 from eyas.bench.load_stats import (
     RequestRecord,
     compare_levels,
@@ -37,6 +36,9 @@ from eyas.bench.load_stats import (
     format_level,
     level_metrics,
 )
+
+if TYPE_CHECKING:  # the HTTP client (httpx) is imported when a load run starts, not by `eyas --help`
+    from eyas.bench.load_client import Side
 
 # Used when no --questions file is given: short, varied first turns.
 DEFAULT_PROMPTS = (
@@ -103,6 +105,8 @@ def base_url(url: str) -> str:
 
 def served_model(url: str, timeout: float = 30.0) -> str:
     """The first model id of GET URL/v1/models."""
+    import httpx
+
     try:
         r = httpx.get(url + "/v1/models", timeout=timeout)
         r.raise_for_status()
@@ -145,6 +149,8 @@ def load_prompts(path: str | None) -> list[str]:
 
 def make_sides(cfg: LoadConfig) -> list[Side]:
     """The runs to measure: one, or speculative and plain for a comparison."""
+    from eyas.bench.load_client import Side
+
     model = cfg.model or served_model(cfg.url)
     if not cfg.compare_speculation:
         return [Side("default", cfg.url, model, None)]
@@ -179,6 +185,8 @@ def count_tokens(records: list[RequestRecord], tok, prompts: list[str], chat: bo
 
 def run_sweep(cfg: LoadConfig, sides: list[Side], prompts: list[str], tok, keep_records: bool) -> dict:
     """Every level for every side, the sides back to back per level; prints each level's table."""
+    from eyas.bench.load_client import measure_level
+
     levels: dict[str, list[dict]] = {s.label: [] for s in sides}
     for side in sides:
         if cfg.warmup:

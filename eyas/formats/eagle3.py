@@ -51,6 +51,7 @@ from eyas.formats.speculators import (
     is_speculators_config,
     write_speculators_config,
 )
+from eyas.formats.verifier import Verifier, resolve_verifier
 from eyas.models.config import ModelConfig
 
 # vLLM registry / SGLang EntryClass / SafeAILab config.json name of this layout
@@ -70,31 +71,46 @@ def save_eagle3(
     target_name: str | None = None,
     dtype: torch.dtype = torch.bfloat16,
     speculators: bool = False,
-    target_architectures: list[str] | None = None,
+    verifier: Verifier | None = None,
 ) -> Path:
     """Write ``head`` as config.json + model.safetensors that the engines load.
 
     speculators=False: the ``LlamaForCausalLMEagle3`` layout (vLLM, SGLang, TensorRT-LLM).
     speculators=True: the vllm-project/speculators layout (vLLM, speculators; not SGLang),
-    see ``eyas.formats.speculators``. Float tensors are cast to ``dtype``.
+    see ``eyas.formats.speculators``; its verifier is ``verifier``, else ``target_name``
+    resolved by ``eyas.formats.verifier.resolve_verifier`` (an eyas target name, a directory,
+    a .gguf or a hub id). Float tensors are cast to ``dtype``.
     """
-    check_portable(head)
+    check_portable(head, speculators)
+    if speculators and verifier is None and target_name:
+        verifier = resolve_verifier(target_name)
     cfg = replace(head.cfg, aux_layers=tuple(sorted(head.cfg.aux_layers)))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     prefix = SPECULATORS_LAYER_PREFIX if speculators else LAYER_PREFIX
     save_tensors(engine_state_dict(head, dtype, prefix), out / "model.safetensors")
     if speculators:
-        write_speculators_config(cfg, out, target_name, target_architectures, dtype)
+        write_speculators_config(cfg, out, verifier, dtype)
     else:
         write_json(out / "config.json", eagle3_config_json(cfg, target_name, dtype))
     return out
 
 
-def check_portable(head: Eagle3Head) -> None:
-    """Raise ValueError if the engines' LlamaForCausalLMEagle3 layer cannot express ``head``."""
+def check_portable(head: Eagle3Head, speculators: bool = False) -> None:
+    """Raise ValueError if the engines' EAGLE-3 layer cannot express ``head``.
+
+    ``norm_before_residual`` (residual = hidden_norm(hidden)) is read by vLLM, speculators and
+    llama.cpp, but SGLang (``llama_eagle3.py``) and TensorRT-LLM (``Eagle3DecoderLayer``) always add
+    the raw hidden state: such a head is refused for the LlamaForCausalLMEagle3 layout they load.
+    """
     m, aux = head.cfg.model, head.cfg.aux_layers
     problems = []
+    if head.cfg.norm_before_residual and not speculators:
+        problems.append(
+            "it sets norm_before_residual=true, which SGLang and TensorRT-LLM ignore (they add the raw "
+            "hidden state), so they would compute a different head; export it with --to speculators "
+            "(vLLM) or --to gguf (llama.cpp), which honour the flag"
+        )
     if m.qk_norm:  # no engine's EAGLE-3 layer has q_norm/k_norm (a Qwen3 flag copied from the target)
         problems.append("its layer has q_norm/k_norm (qk_norm=True), which no engine's EAGLE-3 layer has")
     if m.qkv_bias != m.o_bias:  # one attention_bias flag covers q/k/v and o_proj (vLLM, TRT-LLM, speculators)
@@ -112,11 +128,12 @@ def check_portable(head: Eagle3Head) -> None:
     if len(set(aux)) != len(aux):  # engines capture each layer once
         problems.append(f"its aux layers {aux} repeat a layer; engines capture each layer once")
     if problems:
+        layout = "speculators" if speculators else "LlamaForCausalLMEagle3"
         raise ValueError(
-            "cannot write this EAGLE-3 head in the LlamaForCausalLMEagle3 layout: "
+            f"cannot write this EAGLE-3 head in the {layout} layout: "
             + "; ".join(problems)
-            + ". Build the head with a plain Llama layer (model_type 'llama', "
-            "qk_norm/qkv_bias/o_bias False) and three distinct aux layers, then retrain."
+            + ". Heads eyas trains (Eagle3Config.for_target: a plain Llama layer without q/k norm or "
+            "Qwen biases, three distinct aux layers, norm_before_residual false) export everywhere."
         )
 
 
@@ -246,6 +263,7 @@ def aux_layers_from_config(cfg: dict, target_cfg: ModelConfig) -> tuple[int, ...
 def head_config(cfg: dict, sd: dict[str, torch.Tensor], target_cfg: ModelConfig, where) -> Eagle3Config:
     """Eagle3Config from a flat config dict and the weights, checked against the target."""
     extra = _check_options(cfg, where)
+    _check_dense_layer(sd, where)
     fc = sd.get("fc.weight")
     if fc is None:
         raise HeadMismatchError(f"{where} is not an EAGLE-3 head: no fc.weight (keys: {sorted(sd)[:6]})")
@@ -300,6 +318,16 @@ def _check_options(cfg: dict, where) -> dict:
         )
     # vLLM llama_eagle3.py: residual = hidden_norm(hidden) instead of the raw hidden when true
     return {"norm_before_residual": bool(cfg.get("norm_before_residual", False))}
+
+
+def _check_dense_layer(sd: dict[str, torch.Tensor], where) -> None:
+    """Refuse a mixture-of-experts draft layer before loading it (its keys are not a Llama MLP's)."""
+    moe = sorted(k for k in sd if ".experts." in k or ".router." in k or k.endswith("mlp.gate.weight"))
+    if moe:
+        raise HeadMismatchError(
+            f"EAGLE-3 head {where}: its decoder layer is a mixture of experts (e.g. {moe[0]}); eyas's "
+            "Eagle3Head computes a dense Llama layer only, so this architecture is not supported"
+        )
 
 
 def _check_fc(fc: torch.Tensor, aux: tuple[int, ...], cfg: dict, target_cfg: ModelConfig, where) -> None:

@@ -36,10 +36,13 @@ from pathlib import Path
 import torch
 
 from eyas.drafters.eagle import HeadMismatchError
-from eyas.formats import ARCHITECTURES, hf_config_dict, write_json
+from eyas.formats import hf_config_dict, write_json
+from eyas.formats.verifier import Verifier
 
 # decoder-layer key prefix of speculators' Eagle3DraftModel (src/speculators/models/eagle3/core.py)
 SPECULATORS_LAYER_PREFIX = "layers.0."
+# decoder-layer families that are the layer eyas's Eagle3Head computes (Mistral's layer is Llama's)
+LLAMA_LAYER_TYPES = ("llama", "mistral")
 # vLLM's default when a speculators config omits the key (configs/speculators/algos.py update_eagle3)
 VLLM_NORM_BEFORE_RESIDUAL_DEFAULT = True
 
@@ -51,17 +54,21 @@ def is_speculators_config(cfg: dict) -> bool:
 
 def speculators_config_json(
     head_cfg,
-    target_name: str | None,
-    target_architectures: list[str] | None,
+    verifier: Verifier | None,
     dtype: torch.dtype = torch.bfloat16,
     speculative_tokens: int = 3,
 ) -> dict:
-    """The speculators config.json of an ``Eagle3Config`` (see the module docstring for sources)."""
+    """The speculators config.json of an ``Eagle3Config`` (see the module docstring for sources).
+
+    ``verifier`` (``eyas.formats.verifier.resolve_verifier``) supplies ``name_or_path`` (a hub id or an
+    absolute directory, which speculators' ``from_pretrained`` resolves with ``AutoConfig``) and the
+    target's own ``architectures``; None writes ``null`` and ``[]`` (speculators' VerifierConfig
+    allows both; vLLM then needs ``--model``).
+    """
     layer = hf_config_dict(head_cfg.model, dtype)
     # the layer is a Llama decoder layer whatever the target family (vLLM builds
     # Eagle3LlamaForCausalLM from it; speculators' converter writes a LlamaConfig)
     layer.update(model_type="llama", num_hidden_layers=1, tie_word_embeddings=False)
-    archs = target_architectures or [ARCHITECTURES.get(head_cfg.model.model_type, "LlamaForCausalLM")]
     return {
         "architectures": ["Eagle3Speculator"],  # Eagle3SpeculatorConfig.architectures default
         "speculators_model_type": "eagle3",  # vLLM: SUPPORTED_SPECULATORS_TYPES key
@@ -85,7 +92,10 @@ def speculators_config_json(
             ],
             "default_proposal_method": "greedy",
             # vLLM requires verifier.name_or_path to exist (validate_speculators_config)
-            "verifier": {"name_or_path": target_name, "architectures": archs},
+            "verifier": {
+                "name_or_path": verifier.name_or_path if verifier else None,
+                "architectures": list(verifier.architectures) if verifier else [],
+            },
         },
         "torch_dtype": layer["torch_dtype"],
     }
@@ -94,8 +104,7 @@ def speculators_config_json(
 def write_speculators_config(
     head_cfg,
     out_dir,
-    target_name: str | None = None,
-    target_architectures: list[str] | None = None,
+    verifier: Verifier | None = None,
     dtype: torch.dtype = torch.bfloat16,
     speculative_tokens: int = 3,
 ) -> dict:
@@ -104,7 +113,7 @@ def write_speculators_config(
     Weights for this config use ``layers.0.*`` keys (``SPECULATORS_LAYER_PREFIX``);
     ``eyas.formats.eagle3.save_eagle3(..., speculators=True)`` writes both.
     """
-    cfg = speculators_config_json(head_cfg, target_name, target_architectures, dtype, speculative_tokens)
+    cfg = speculators_config_json(head_cfg, verifier, dtype, speculative_tokens)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "config.json", cfg)
@@ -126,6 +135,15 @@ def flatten_speculators_config(cfg: dict) -> dict:
     if not isinstance(layer, dict):
         raise HeadMismatchError(
             "speculators config has no transformer_layer_config dict: not a valid speculators head"
+        )
+    kind = layer.get("model_type", "llama")
+    if kind not in LLAMA_LAYER_TYPES:
+        # speculators builds the first layer of this family (models/eagle3/model_definitions.py
+        # model_classes: llama, qwen3 with q/k norms); eyas's Eagle3Head computes a Llama layer only
+        raise HeadMismatchError(
+            f"speculators EAGLE-3 head with a {kind!r} decoder layer (transformer_layer_config.model_type): "
+            f"eyas's Eagle3Head computes a dense Llama layer only ({' or '.join(LLAMA_LAYER_TYPES)}), so "
+            "this architecture is not supported"
         )
     flat = dict(layer)
     flat["draft_vocab_size"] = cfg.get("draft_vocab_size")

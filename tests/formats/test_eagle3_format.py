@@ -292,8 +292,9 @@ def test_aux_layer_conventions():
 # ---- speculators --------------------------------------------------------------------------------
 def test_speculators_layout(tiny, tmp_path):
     target = tiny.native("llama")
+    tiny.hf("llama").save_pretrained(tmp_path / "target")  # the verifier: a local model directory
     head = make_head(target.config, seed=6)
-    save_eagle3(head, tmp_path, target_name="org/tiny-llama", dtype=torch.float32, speculators=True)
+    save_eagle3(head, tmp_path, target_name=str(tmp_path / "target"), dtype=torch.float32, speculators=True)
     keys = weight_keys(tmp_path)
     # speculators Eagle3DraftModel keeps its layer in self.layers (models/eagle3/core.py)
     assert keys == {k.replace("midlayer.", "layers.0.") for k in EXPECTED}
@@ -304,7 +305,9 @@ def test_speculators_layout(tiny, tmp_path):
     assert spec["algorithm"] == "eagle3" and spec["default_proposal_method"] == "greedy"
     assert spec["proposal_methods"][0]["proposal_type"] == "greedy"
     assert spec["proposal_methods"][0]["speculative_tokens"] >= 1  # vLLM: num_speculative_tokens
-    assert spec["verifier"] == {"name_or_path": "org/tiny-llama", "architectures": ["LlamaForCausalLM"]}
+    # speculators' from_pretrained reads verifier.name_or_path with AutoConfig: an absolute directory here
+    want = {"name_or_path": str((tmp_path / "target").resolve()), "architectures": ["LlamaForCausalLM"]}
+    assert spec["verifier"] == want
     layer = cfg["transformer_layer_config"]
     assert layer["model_type"] == "llama" and layer["num_hidden_layers"] == 1
     assert layer["vocab_size"] == 256 and layer["hidden_size"] == 64 and layer["tie_word_embeddings"] is False
