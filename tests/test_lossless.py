@@ -443,7 +443,6 @@ def test_exact_mode_bf16_speculative_equals_exact_plain(tiny, kind, drafter_name
     if isinstance(drafter, EagleDrafter):
         drafter.head = drafter.head.to(torch.bfloat16)
     p = prompt_ids(plen, seed=8)
-    width = drafter.max_nodes
     ref = plain(target, p, exact=True)
     out, _, dec = run(target, drafter, p, exact=True)
     assert out == ref

@@ -101,9 +101,9 @@ class Attention(nn.Module):
         b, t, _ = x.shape
         q, k, v = self.project(x, rope)
         keys, values = cache.update(layer, start, k, v, kv_len)  # [B, Hk, S, Dh]
-        y = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask,
-                                           enable_gqa=self.hk != self.h)
-        return self.o_proj(y.transpose(1, 2).reshape(b, t, self.h * self.dh))
+        # computed in the cache's dtype (fp32 for a bf16 head on a CPU: eyas.drafters.eagle.head_cache_dtype)
+        y = F.scaled_dot_product_attention(q.to(keys.dtype), keys, values, attn_mask=mask, enable_gqa=self.hk != self.h)
+        return self.o_proj(y.to(x.dtype).transpose(1, 2).reshape(b, t, self.h * self.dh))
 
 
 class MLP(nn.Module):

@@ -192,7 +192,6 @@ def test_exact_mode_bf16_equals_exact_plain(tiny):
     heads = frozen_heads(target, "lm_head").to(torch.bfloat16)
     drafter = MedusaDrafter(target_model=target, heads=heads, tree="static:eagle_small")
     p = prompt_ids(7, seed=8)
-    width = drafter.max_nodes
     assert run(target, drafter, p, exact=True)[0] == \
         run(target, None, p, exact=True)[0]
 
