@@ -233,11 +233,24 @@ def _turns(record: dict) -> list[list[dict]]:
 
 
 def chat_messages(record: dict) -> list[dict] | None:
-    """A chat record's messages, assistant turns included, in the OpenAI shape (None: not a chat record)."""
-    if "messages" in record:
-        return [_openai_message(m) for m in record["messages"]]
-    if "conversations" in record:
-        return [_sharegpt_message(m) for m in record["conversations"]]
+    """A chat record's messages, assistant turns included, in the OpenAI shape (None: not a chat record).
+
+    Raises ValueError naming what is wrong when the record's message list is malformed.
+    """
+    for key, read in (("messages", _openai_message), ("conversations", _sharegpt_message)):
+        if key not in record:
+            continue
+        msgs = record[key]
+        if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
+            raise ValueError(f"{key!r} must be a list of message objects, got {json.dumps(msgs)[:60]}")
+        try:
+            out = [read(m) for m in msgs]
+        except KeyError as e:
+            raise ValueError(f"a message in {key!r} has no {e} field") from None
+        bad = next((m for m in out if not isinstance(m["content"], str)), None)
+        if bad is not None:
+            raise ValueError(f"message content must be a string, got {type(bad['content']).__name__}")
+        return out
     return None
 
 

@@ -29,21 +29,35 @@ class Example:
     id: str = ""
 
 
-def read_conversations(paths: list[str | Path]) -> list[dict]:
-    """jsonl files -> [{"id", "messages"}], skipping unparsable (e.g. truncated) lines."""
+def read_conversations(paths: list[str | Path], log=print) -> list[dict]:
+    """jsonl files -> [{"id", "messages"}].
+
+    A malformed record, or an unparsable line before the last, is a ValueError naming file and line.
+    An unparsable last line (a write cut off by a kill while ``eyas data`` was writing the file) is
+    skipped with a warning through ``log`` that names it.
+    """
     out = []
     for path in paths:
         p = Path(path)
         if not p.exists():
             raise FileNotFoundError(f"training data {p} does not exist; create it with `eyas data --out {p}`")
-        for i, line in enumerate(p.read_text().splitlines()):
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
+        lines = p.read_text(encoding="utf-8").splitlines()
+        last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+        for i, line in enumerate(lines):
+            if not line.strip():
                 continue
             try:
-                msgs = chat_messages(rec) if isinstance(rec, dict) else None
-            except (KeyError, ValueError) as e:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                if i < last:
+                    raise ValueError(f"{p}:{i + 1}: not valid JSON ({e}); fix or remove that line") from None
+                log(f"train: warning: skipped {p}:{i + 1}, an unparsable last line (a write cut off by a kill?)")
+                continue
+            if not isinstance(rec, dict):
+                raise ValueError(f"{p}:{i + 1}: expected a JSON object per line, got {type(rec).__name__}")
+            try:
+                msgs = chat_messages(rec)
+            except ValueError as e:
                 raise ValueError(f"{p}:{i + 1}: {e}") from None
             if msgs and any(m.get("role") == "assistant" for m in msgs):
                 out.append({"id": str(rec.get("id", f"{p.name}:{i}")), "messages": msgs})
@@ -78,9 +92,11 @@ def tokenize_conversation(tok, messages: list[dict], max_len: int) -> Example:
     return Example(t, loss)
 
 
-def load_examples(paths, tok, max_len: int = 1024, min_assistant: int = 4) -> list[Example]:
+def load_examples(paths, tok, max_len: int = 1024, min_assistant: int = 4, log=print,
+                  convs: list[dict] | None = None) -> list[Example]:
+    """Tokenized conversations of ``paths`` (or the already read ``convs`` of those paths)."""
     out = []
-    for conv in read_conversations(paths):
+    for conv in convs if convs is not None else read_conversations(paths, log):
         ex = tokenize_conversation(tok, conv["messages"], max_len)
         ex.id = conv["id"]
         if int(ex.loss_mask.sum()) >= min_assistant:

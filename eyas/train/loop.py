@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from eyas.train.dataset import Example, collate, load_examples, split_holdout, token_batches
+from eyas.train.dataset import Example, collate, load_examples, read_conversations, split_holdout, token_batches
 from eyas.train.features import TargetFeaturizer
 
 
@@ -128,6 +128,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
     from eyas.models.loading import load_target
     from eyas.train.objectives import build_objective, export_head
 
+    convs = read_conversations(cfg.data, log)  # malformed data fails before the target loads
     gpu = torch.cuda.is_available()
     if cfg.target_dtype == "auto":
         cfg.target_dtype = "bfloat16" if gpu else "float32"
@@ -139,7 +140,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
     torch.manual_seed(cfg.seed)
     loaded = load_target(cfg.model, cfg.target_dtype)
     target = loaded.model.to(acc.device).requires_grad_(False)
-    examples = load_examples(cfg.data, loaded.tokenizer, cfg.max_len)
+    examples = load_examples(cfg.data, loaded.tokenizer, cfg.max_len, log=log, convs=convs)
     train_ex, hold_ex = split_holdout(examples, min(cfg.holdout, len(examples) // 10))
     objective = build_objective(cfg, target, train_ex)
     head = objective.module.to(acc.device)
