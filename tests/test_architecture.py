@@ -39,6 +39,8 @@ LAYERS: dict[str, int] = {
     "batch": 3,
     "policy": 3,
     "api": 3,
+    # a draft tree sized to the machine at load (measures through decode, chooses with tree.sizing)
+    "autotree": 3,
     "generation": 3,
     # Run config composing the component dataclasses (style.md section 4, rule 1).
     "config": 3,

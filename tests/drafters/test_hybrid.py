@@ -123,8 +123,8 @@ def test_exact_mode_bf16_equals_exact_plain(tiny):
     drafter = hybrid(target, budget=8)
     drafter.head.head = drafter.head.head.to(torch.bfloat16)
     p = prompt_ids(30, seed=8)
-    ref = run(target, None, p, exact=True, exact_width=8)[0]
-    assert run(target, drafter, p, exact=True, exact_width=8)[0] == ref
+    ref = run(target, None, p, exact=True)[0]
+    assert run(target, drafter, p, exact=True)[0] == ref
 
 
 def test_fork_has_its_own_head_state(target):

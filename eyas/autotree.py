@@ -1,0 +1,159 @@
+"""A draft tree sized to this machine at load: measure step costs once, cache them, choose a tree.
+
+``size_tree_for(target, spec)`` is the one entry point (eyas.load calls it when no --tree is given):
+
+1. the head's acceptance profile comes with the head (``HEAD/profile.json``, written by
+   ``scripts/acceptance_profile.py``); a head without one keeps its recommended tree;
+2. the machine's costs are measured once and cached under ``$EYAS_CACHE/tree_costs/`` (default
+   ``~/.cache/eyas``), keyed by CPU model, torch version and threads, target, dtype, exact mode and
+   head: a verify step at each width (SpecDecoder over a fixed junk tree of that many nodes: the
+   forward, verification and commit exactly as decoding runs them) and the head's drafting (its
+   ``propose`` timed for three dynamic trees, fitted to ``eyas.tree.sizing.DraftCost``);
+3. ``eyas.tree.sizing.choose_tree`` picks top-k, depth and total nodes maximising predicted tokens/s.
+
+``EYAS_AUTO_TREE=0`` turns it off (the head's recommended tree is used, as before).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from eyas.decode import DecodeConfig, SpecDecoder
+from eyas.drafters.base import Drafter
+from eyas.drafters.eagle3 import Eagle3Drafter
+from eyas.drafters.loading import DrafterSpec, default_drafter_name, detect_kind, shipped_head
+from eyas.formats.eagle3 import load_eagle3
+from eyas.models.loading import LoadedTarget, cache_root
+from eyas.tree import make_tree
+from eyas.tree.sizing import AcceptanceProfile, DraftCost, TreeChoice, choose_tree
+from eyas.types import DraftOutput, SamplingParams
+
+WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # verify widths measured (nodes, root included)
+CONTEXT = 160  # prompt tokens before the timed steps (a typical chat prompt)
+
+
+class JunkTree(Drafter):
+    """Proposes the same ``width``-node binary tree of fixed random tokens every step (timing only)."""
+
+    def __init__(self, width: int, vocab: int) -> None:
+        self.max_nodes = width
+        g = torch.Generator().manual_seed(width)
+        self.tokens = torch.randint(0, vocab, (width,), generator=g)
+        self.parents = (torch.arange(width) - 1) // 2  # node i hangs under (i - 1) // 2; the root's is -1
+
+    def propose(self, history, sampling, generator=None) -> DraftOutput:
+        tokens = torch.cat([history[-1:], self.tokens[1:].to(history.device)])
+        return DraftOutput(tree=make_tree(tokens, self.parents.to(history.device), validate=False))
+
+
+def measure_step_costs(model, exact: bool, widths=WIDTHS, steps: int = 8) -> dict[int, float]:
+    """Seconds per decoding step verifying a tree of w nodes (median of ``steps``), for each w."""
+    prompt = torch.randint(0, model.config.vocab_size, (CONTEXT,), generator=torch.Generator().manual_seed(0))
+    prompt = prompt.to(model.device)
+    out = {}
+    for w in (widths[0], *widths):  # the first width twice: its first run pays for warm-up
+        drafter = JunkTree(w, model.config.vocab_size) if w > 1 else None
+        dec = SpecDecoder(model, drafter, DecodeConfig(max_new_tokens=steps + 2, exact=exact))
+        times, last = [], None
+        for _ in dec.generate(prompt):
+            now = time.perf_counter()
+            if last is not None:
+                times.append(now - last)
+            last = now
+        out[w] = statistics.median(times[1:])
+    return out
+
+
+def measure_draft_cost(head: torch.nn.Module, model, exact: bool, reps: int = 5) -> DraftCost:
+    """Fit DraftCost to an EAGLE-3 head's ``propose`` timed on dynamic trees (1, 1), (1, 4) and (8, 4)."""
+    prompt = torch.randint(0, model.config.vocab_size, (CONTEXT,), generator=torch.Generator().manual_seed(1))
+    prompt = prompt.to(model.device)
+    t = {}
+    for k, depth in ((1, 1), (1, 4), (8, 4)):
+        drafter = Eagle3Drafter(target_model=model, head=head, tree=f"dynamic:{k},{depth},{k}")
+        seq = SpecDecoder(model, drafter, DecodeConfig(max_new_tokens=4, exact=exact)).prefill(prompt)
+        drafter.propose(seq.history, SamplingParams(), None)  # warm-up
+        best = float("inf")
+        for _ in range(reps):  # propose leaves the committed state alone: repeatable
+            t0 = time.perf_counter()
+            drafter.propose(seq.history, SamplingParams(), None)
+            best = min(best, time.perf_counter() - t0)
+        t[k, depth] = best
+    per_node = max(t[8, 4] - t[1, 4], 0.0) / (3 * 7)
+    per_level = max((t[1, 4] - t[1, 1]) / 3 - per_node, 0.0)
+    # extending the head over the accepted tokens after each step costs about one more level
+    return DraftCost(per_step=t[1, 1] + per_level + per_node, per_level=per_level, per_node=per_node)
+
+
+def machine_key(target: LoadedTarget, head_dir: Path, exact: bool) -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "torch": torch.__version__, "threads": torch.get_num_threads(), "target": target.name,
+            "dtype": str(target.model.dtype), "device": str(target.model.device), "exact": exact,
+            "head": head_dir.name, "widths": list(WIDTHS)}
+
+
+def machine_costs(target: LoadedTarget, head_dir: Path, exact: bool) -> tuple[dict, DraftCost]:
+    """(step seconds by width, DraftCost) for this machine: from the cache, else measured and cached."""
+    key = machine_key(target, head_dir, exact)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    path = cache_root() / "tree_costs" / f"{digest}.json"
+    if path.exists():
+        d = json.loads(path.read_text())
+        return {int(w): s for w, s in d["step_seconds"].items()}, DraftCost(**d["draft"])
+    cost = measure_step_costs(target.model, exact)
+    head = load_eagle3(head_dir, target.model.config, target.model.dtype)
+    draft = measure_draft_cost(head, target.model, exact)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"key": key, "step_seconds": cost, "draft": asdict(draft)}, indent=1))
+    tmp.replace(path)
+    return cost, draft
+
+
+def load_profile(head_dir: Path) -> AcceptanceProfile | None:
+    f = head_dir / "profile.json"
+    return AcceptanceProfile(json.loads(f.read_text())["rank_accept"]) if f.exists() else None
+
+
+def head_dir_of(target: LoadedTarget, spec: DrafterSpec) -> Path | None:
+    """The EAGLE-3 head directory a drafter spec uses (default, a path, or hybrid's head), else None."""
+    name = spec.name
+    if name == "default":
+        name = default_drafter_name(target)
+    if name == "hybrid":
+        head = spec.options.get("head")
+        p = Path(head).expanduser() if head is not None else shipped_head(target.name)
+    else:
+        p = Path(name).expanduser()
+    return p if p is not None and p.is_dir() and detect_kind(p) == "eagle3" else None
+
+
+def size_tree_for(target: LoadedTarget, spec: DrafterSpec, exact: bool | None = None,
+                  max_nodes: int = 32) -> TreeChoice | None:
+    """The tree to use for ``spec`` on this machine, or None to keep the spec as it is.
+
+    None when --tree was given (it overrides), when ``EYAS_AUTO_TREE=0``, or when the drafter is
+    not an EAGLE-3 head with a ``profile.json``. ``exact``: None = eyas.load's default (on below fp32).
+    """
+    if spec.tree is not None or os.environ.get("EYAS_AUTO_TREE", "1") == "0":
+        return None
+    head_dir = head_dir_of(target, spec)
+    profile = load_profile(head_dir) if head_dir is not None else None
+    if profile is None:
+        return None
+    exact = target.model.dtype != torch.float32 if exact is None else exact
+    cost, draft = machine_costs(target, head_dir, exact)
+    return choose_tree(cost, draft, profile, max_nodes=max_nodes)

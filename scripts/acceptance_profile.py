@@ -1,0 +1,97 @@
+"""Measure an EAGLE-3 head's acceptance by depth and rank, teacher-forced, for tree sizing (eyas.tree.sizing).
+
+The target answers the tuning questions greedily; then, at every answer position t, the head drafts
+along the target's own continuation (training-time-test unroll, eyas.train.eagle3: step k reads the
+true token and the head's previous output, exactly what the drafter does at depth k + 1 of a tree
+whose path so far is correct). rank_accept[d][r] = P(the target's token at depth d + 1 is the head's
+rank-r proposal | the ranks above were all < R). Writes HEAD/profile.json, which eyas.autotree reads.
+Tune on the training distribution only (scripts/tune_questions.py), never on evaluation prompts.
+
+python scripts/tune_questions.py --out /tmp/tune.jsonl
+python scripts/acceptance_profile.py --head eyas/heads/smollm2-135m-instruct-eagle3 --questions /tmp/tune.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+
+@torch.inference_mode()
+def ranks_along(target, head, ids: torch.Tensor, depths: int) -> torch.Tensor:
+    """ids [T] (prompt + answer) -> [depths, T] rank of the true token x[t + 2 + k] at step k (-1: off the vocab)."""
+    from eyas.models.native import rope_tables
+    from eyas.train.eagle3 import TTTAttention, shift_left
+
+    t = ids.shape[0]
+    pos = torch.arange(t)[None]
+    aux = head.cfg.aux_layers
+    out = target.forward(ids[None], pos, target.new_cache(1, t), 0, None, aux)
+    dt = head.fc.weight.dtype
+    hid = head.fuse(torch.stack([out.taps[i] for i in aux], dim=-2))  # [1, T, H]
+    emb = target.embed(ids[None]).to(dt)
+    attn = TTTAttention(head.midlayer.self_attn)
+    draft_of = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
+    draft_of[head.draft_ids()] = torch.arange(head.draft_ids().shape[0])
+    rows = []
+    for k in range(depths):
+        rope = rope_tables(head.inv_freq, pos + k, dt)
+        hid = head.midlayer.finish(hid, attn(head.midlayer.attn_input(shift_left(emb, 1 + k), hid), rope))
+        logits = head.logits(hid)[0].float()  # [T, Vd]
+        true = draft_of[shift_left(ids[None], 2 + k)[0]]  # [T] draft index of the true token, -1 if none
+        own = logits.gather(1, true.clamp(min=0)[:, None])
+        rank = (logits > own).sum(1)
+        rows.append(torch.where(true >= 0, rank, -1))
+    return torch.stack(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--head", required=True)
+    ap.add_argument("--questions", required=True)
+    ap.add_argument("--limit", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--depths", type=int, default=6)
+    ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--out", default=None, help="default: HEAD/profile.json")
+    a = ap.parse_args()
+    import eyas
+    from eyas.formats.eagle3 import load_eagle3
+
+    spec = eyas.load(drafter="none", dtype=a.dtype)
+    target = spec.target.model
+    head = load_eagle3(Path(a.head), target.config, target.dtype).float()
+    qs = [json.loads(line)["turns"][0] for line in open(a.questions)][: a.limit]
+    hits = torch.zeros(a.depths, a.ranks)
+    seen = torch.zeros(a.depths)
+    for q in qs:
+        prompt = spec.encode(q)
+        answer = spec.generate(q, max_new_tokens=a.max_new_tokens, speculate=False).token_ids
+        ids = torch.cat([prompt, torch.tensor(answer, dtype=torch.long)])
+        ranks = ranks_along(target, head, ids, a.depths)  # [depths, T]
+        n = ids.shape[0]
+        for t in range(prompt.shape[0] - 1, n - 2):  # the head at t drafts x[t + 2 ...] (x[t + 1] = the root)
+            for k in range(min(a.depths, n - 2 - t)):
+                seen[k] += 1
+                r = int(ranks[k, t])
+                if not 0 <= r < a.ranks:
+                    break  # off the tree: deeper depths are not conditioned on a drafted path
+                hits[k, r] += 1
+    profile = (hits / seen.clamp(min=1)[:, None]).tolist()
+    out = Path(a.out or Path(a.head) / "profile.json")
+    out.write_text(json.dumps({
+        "rank_accept": [[round(p, 4) for p in row] for row in profile],
+        "positions_per_depth": seen.long().tolist(),
+        "measured_on": f"{len(qs)} questions of {a.questions}, {a.max_new_tokens} greedy tokens, target {a.dtype}",
+        "command": "python scripts/acceptance_profile.py --head HEAD --questions tune.jsonl "
+                   f"--limit {a.limit} --max-new-tokens {a.max_new_tokens} --dtype {a.dtype}",
+    }, indent=1) + "\n")
+    print(out.read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""eyas.autotree: step costs measured through the decoder, cached per machine, and the sized tree.
+
+Timing itself is not asserted (shared CI machines); what is: the measurement runs the real
+decoder at every width, the cache is keyed and reused (no second measurement), --tree and
+EYAS_AUTO_TREE=0 override, a head without a profile keeps its recommended tree, and the choice
+is choose_tree's on the cached table.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from eyas import autotree
+from eyas.drafters.eagle3 import random_eagle3_head
+from eyas.drafters.loading import DrafterSpec
+from eyas.models.loading import LoadedTarget
+from eyas.tree.sizing import AcceptanceProfile, DraftCost, choose_tree
+
+PROFILE = [[0.4, 0.1, 0.05], [0.45, 0.1, 0.05], [0.5, 0.1]]
+
+
+@pytest.fixture
+def llama(tiny):
+    return tiny.native("llama", seed=0)
+
+
+def test_junk_tree_has_the_width_and_keeps_the_root(llama):
+    d = autotree.JunkTree(7, 256)
+    out = d.propose(torch.tensor([3, 5, 9]), None)
+    assert out.tree.num_nodes == 7 and int(out.tree.tokens[0]) == 9
+    assert out.tree.parents.tolist() == [-1, 0, 0, 1, 1, 2, 2]
+
+
+@pytest.mark.parametrize("exact", (False, True))
+def test_step_costs_are_measured_at_every_width(llama, exact, monkeypatch):
+    monkeypatch.setattr(autotree, "CONTEXT", 12)
+    cost = autotree.measure_step_costs(llama, exact, widths=(1, 3, 8), steps=3)
+    assert sorted(cost) == [1, 3, 8] and all(v > 0 for v in cost.values())
+
+
+def test_draft_cost_fit_is_non_negative(llama, monkeypatch):
+    monkeypatch.setattr(autotree, "CONTEXT", 12)
+    head = random_eagle3_head(llama.config, draft_vocab_size=128, seed=3)
+    d = autotree.measure_draft_cost(head, llama, exact=False, reps=2)
+    assert d.per_step > 0 and d.per_level >= 0 and d.per_node >= 0
+
+
+@pytest.fixture
+def fake_head(tmp_path, monkeypatch, llama):
+    """A head directory with a profile, fake measurements that count their calls, a private cache."""
+    head_dir = tmp_path / "head"
+    head_dir.mkdir()
+    (head_dir / "profile.json").write_text(json.dumps({"rank_accept": PROFILE}))
+    monkeypatch.setenv("EYAS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("EYAS_AUTO_TREE", raising=False)
+    calls = []
+    table = {1: 0.040, 2: 0.041, 4: 0.042, 8: 0.044, 16: 0.060, 32: 0.080}
+    draft = DraftCost(per_step=0.004, per_level=0.003, per_node=0.0002)
+    monkeypatch.setattr(autotree, "measure_step_costs", lambda model, exact: calls.append("steps") or table)
+    monkeypatch.setattr(autotree, "load_eagle3", lambda *a: None)
+    monkeypatch.setattr(autotree, "measure_draft_cost", lambda head, model, exact: calls.append("draft") or draft)
+    monkeypatch.setattr(autotree, "head_dir_of", lambda target, spec: head_dir)
+    target = LoadedTarget(model=llama, tokenizer=None, path=tmp_path, name="tiny")
+    return target, calls, table, draft
+
+
+def test_choice_is_measured_once_then_cached(fake_head):
+    target, calls, table, draft = fake_head
+    a = autotree.size_tree_for(target, DrafterSpec("default"))
+    assert calls == ["steps", "draft"]
+    b = autotree.size_tree_for(target, DrafterSpec("default"))
+    assert calls == ["steps", "draft"] and a == b  # from the cache file, same choice
+    assert a == choose_tree(table, draft, AcceptanceProfile(PROFILE), max_nodes=32)
+    files = list((autotree.cache_root() / "tree_costs").glob("*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["key"]["target"] == "tiny"
+    autotree.size_tree_for(target, DrafterSpec("default"), exact=True)  # another key: measured again
+    assert calls == ["steps", "draft"] * 2
+
+
+def test_tree_flag_and_env_override(fake_head, monkeypatch):
+    target, calls, _, _ = fake_head
+    assert autotree.size_tree_for(target, DrafterSpec("default", tree="dynamic:4,3,4")) is None
+    monkeypatch.setenv("EYAS_AUTO_TREE", "0")
+    assert autotree.size_tree_for(target, DrafterSpec("default")) is None
+    assert calls == []
+
+
+def test_no_profile_keeps_the_recommended_tree(fake_head):
+    target, calls, _, _ = fake_head
+    (autotree.head_dir_of(target, None) / "profile.json").unlink()
+    assert autotree.size_tree_for(target, DrafterSpec("default")) is None and calls == []
+
+
+def test_head_dir_of_names(tmp_path, llama):
+    target = LoadedTarget(model=llama, tokenizer=None, path=tmp_path, name="tiny")
+    assert autotree.head_dir_of(target, DrafterSpec("ngram")) is None
+    assert autotree.head_dir_of(target, DrafterSpec("hybrid")) is None  # no shipped head for this target
+    assert autotree.head_dir_of(target, DrafterSpec(str(tmp_path))) is None  # a directory, not a head
