@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from eyas.autotree import size_tree_for
 from eyas.batch import BatchDecoder
 from eyas.decode import DecodeConfig, SpecDecoder, StepEvent
 from eyas.detok import Detokenizer
@@ -76,6 +77,7 @@ class Speculator:
         # exact (batch-invariant) verification is on by default below fp32, where a token's
         # logits otherwise depend on how many tokens share its forward
         self.exact = exact if exact is not None else target.model.dtype != torch.float32
+        self.tree_choice = None  # eyas.autotree's TreeChoice when load() sized the tree to this machine
 
     def encode(self, prompt: Prompt, chat: bool = True) -> torch.Tensor:
         """Prompt text or chat messages -> [T] long ids (chat template applied when there is one)."""
@@ -189,11 +191,19 @@ def load(
     backend: str = "native",
     tree: str | None = None,
     exact: bool | None = None,
+    quantize: str | None = None,
     **drafter_options,
 ) -> Speculator:
     """Load a target (embedded default when ``model`` is None) and a drafter by name or path.
 
     ``exact=None`` turns batch-invariant verification on for bfloat16/float16 and off for float32.
+    ``quantize="int8"``: weight-only int8 target (changes its outputs; speculation stays lossless w.r.t. it).
     """
-    target = load_target(model, dtype, backend)
-    return Speculator(target, DrafterSpec(drafter, tree=tree, options=drafter_options), exact=exact)
+    target = load_target(model, dtype, backend, quantize)
+    spec = DrafterSpec(drafter, tree=tree, options=drafter_options)
+    choice = size_tree_for(target, spec, exact)  # a tree sized to this machine, unless --tree is given
+    if choice is not None:
+        spec.tree = choice.spec
+    out = Speculator(target, spec, exact=exact)
+    out.tree_choice = choice
+    return out

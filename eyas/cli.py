@@ -42,6 +42,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "(bf16 tree verification is slow without them)")
     p.add_argument("--backend", default="native", choices=["native", "hf"],
                    help="native (fast Llama-family) or hf (any transformers causal LM, slower)")
+    p.add_argument("--quantize", default="none", choices=["none", "int8"],
+                   help="int8: weight-only int8 target projections (faster single-token steps on CPU). This "
+                        "CHANGES THE MODEL'S OUTPUTS relative to bf16/fp32; speculation stays lossless with "
+                        "respect to the int8 model")
     p.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
                    help="batch-invariant verification: every target forward gets one width and key length, "
                         "so bf16 output equals plain decoding token for token (default: on for bfloat16, "
@@ -72,7 +76,7 @@ def _load(a: argparse.Namespace):
     import eyas
 
     return eyas.load(model=a.model, drafter=a.drafter, dtype=a.dtype, backend=a.backend,
-                     tree=_tree_spec(a), exact=a.exact, **_drafter_options(a))
+                     tree=_tree_spec(a), exact=a.exact, quantize=a.quantize, **_drafter_options(a))
 
 
 def gen_params(a: argparse.Namespace) -> dict:
@@ -91,6 +95,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if a.json:
         out = spec.generate(a.prompt, chat=not a.raw, **params)
         d = out.to_dict()
+        if spec.tree_choice is not None:  # the tree eyas.autotree sized to this machine, and its prediction
+            d["tree_choice"] = spec.tree_choice.to_dict()
         if a.compare_plain:
             d["plain"] = _plain_summary(spec, a, params, out)
         print(json.dumps(d))

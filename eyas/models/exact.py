@@ -20,20 +20,22 @@ from torch import nn
 MAX_ROWS = 64
 
 
-def row_floor(weight: torch.Tensor, bias: torch.Tensor | None, max_rows: int = MAX_ROWS) -> int:
-    """Smallest m0 such that F.linear over any M in m0 .. max_rows rows gives every row the bits it gets in a
-    ``max_rows``-row product. weight: [N, K].
+def row_floor(mod: nn.Module, max_rows: int = MAX_ROWS) -> int:
+    """Smallest m0 such that ``mod`` (a linear layer, [..., K] -> [..., N]) over any M in m0 .. max_rows rows gives
+    every row the bits it gets in a ``max_rows``-row product.
 
     Differences are data-dependent (measured: the 1-row GEMV of a [576, 1536] bf16 weight rounds about one
     row in ten differently from the multi-row kernel), so each M is checked on ``max_rows`` random rows,
-    split into consecutive chunks of M.
+    split into consecutive chunks of M. Every M up to 16 is checked, then a sample of larger ones (kernels
+    change at small M; the probe of a [49152, 576] weight takes ~1 s over all M, ~0.3 s this way).
     """
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(max_rows, weight.shape[1], generator=g).to(device=weight.device, dtype=weight.dtype)
-    ref = F.linear(x, weight, bias)
+    dtype = mod.scales.dtype if hasattr(mod, "scales") else mod.weight.dtype  # int8 layers: activation dtype
+    x = torch.randn(max_rows, mod.in_features, generator=g).to(device=mod.weight.device, dtype=dtype)
+    ref = mod(x)
     floor = 1
-    for m in range(1, max_rows):
-        chunks = [F.linear(x[i : i + m], weight, bias) for i in range(0, max_rows - m + 1, m)]
+    for m in sorted({*range(1, min(17, max_rows)), *range(20, max_rows, 4), max_rows - 1}):
+        chunks = [mod(x[i : i + m]) for i in range(0, max_rows - m + 1, m)]
         if not torch.equal(torch.cat(chunks), ref[: len(chunks) * m]):
             floor = m + 1
     return floor
@@ -45,11 +47,11 @@ class RowFloor:
     def __init__(self) -> None:
         self._seen: dict[tuple, int] = {}
 
-    def __call__(self, mod: nn.Linear) -> int:
+    def __call__(self, mod: nn.Module) -> int:
         w = mod.weight
-        key = (tuple(w.shape), w.dtype, w.device, mod.bias is not None, torch.get_num_threads())
+        key = (tuple(w.shape), w.dtype, w.device, mod.bias is not None, torch.get_num_threads(), type(mod).__name__)
         if key not in self._seen:
-            self._seen[key] = row_floor(w, mod.bias)
+            self._seen[key] = row_floor(mod)
         return self._seen[key]
 
     def table(self) -> dict[str, int]:
@@ -57,14 +59,16 @@ class RowFloor:
         return {f"{k[0][0]}x{k[0][1]} {str(k[1]).removeprefix('torch.')} t{k[4]}": v for k, v in self._seen.items()}
 
 
-def linear(mod: nn.Linear, x: torch.Tensor, floors: RowFloor | None) -> torch.Tensor:
-    """x: [B, T, K] -> [B, T, N]. With ``floors`` (exact mode), fewer rows than the probed floor are
-    zero-padded so the GEMM runs the kernel every larger forward runs.
+def linear(mod: nn.Module, x: torch.Tensor, floors: RowFloor | None) -> torch.Tensor:
+    """x: [B, T, K] -> [B, T, N] through ``mod`` (nn.Linear or an int8 layer). With ``floors`` (exact mode),
+    fewer rows than the probed floor are zero-padded so the GEMM runs the kernel every larger forward runs.
     """
     if floors is not None:
         b, t, k = x.shape
         need = floors(mod)
         if b * t < need:
             padded = torch.cat([x.reshape(b * t, k), x.new_zeros(need - b * t, k)])
-            return F.linear(padded, mod.weight, mod.bias)[: b * t].view(b, t, -1)
-    return F.linear(x, mod.weight, mod.bias)
+            return mod(padded)[: b * t].view(b, t, -1)
+    if type(mod) is nn.Linear:
+        return F.linear(x, mod.weight, mod.bias)
+    return mod(x)

@@ -182,14 +182,25 @@ def native_from_hf_model(hf_model, dtype: torch.dtype | None = None) -> NativeLl
     return _finish(model, cfg, dtype or hf_model.dtype)
 
 
-def load_target(spec: str | None = None, dtype="float32", backend: str = "native") -> LoadedTarget:
-    """Load a target and its tokenizer. backend: 'native' (fast) or 'hf' (any causal LM)."""
+def load_target(spec: str | None = None, dtype="float32", backend: str = "native",
+                quantize: str | None = None) -> LoadedTarget:
+    """Load a target and its tokenizer. backend: 'native' (fast) or 'hf' (any causal LM).
+
+    quantize: None / "none", or "int8" (weight-only, native backend; changes the model's outputs).
+    """
+    if quantize not in (None, "none") and backend != "native":
+        raise ModelLoadError(f"--quantize {quantize} needs the native backend (got --backend {backend})")
     from transformers import AutoTokenizer
 
     d = resolve_model_dir(spec)
     dt = parse_dtype(dtype)
     if backend == "native":
         model = native_from_dir(d, dt)
+        if quantize not in (None, "none"):
+            try:
+                model.quantize_(quantize)
+            except ValueError as e:
+                raise ModelLoadError(str(e)) from None
     elif backend == "hf":
         from eyas.models.hf import HFTarget
 

@@ -25,6 +25,7 @@ from eyas.models.layers import (  # noqa: F401  (re-exported: the heads build on
     rope_tables,
     vocab_logits,
 )
+from eyas.models.quant import QUANTIZE_CHOICES, quantize_int8_
 
 
 class Rope:
@@ -207,7 +208,17 @@ class NativeLlama(nn.Module, TargetModel):
         return self.model.embed_tokens(tokens)
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        if type(self.lm_head_proj) is not nn.Linear:  # int8 (eyas.models.quant)
+            return self.lm_head_proj(hidden)
         return vocab_logits(self.lm_head_proj, hidden)
+
+    def quantize_(self, mode: str) -> None:
+        """``int8``: weight-only int8 projections (eyas.models.quant); changes the model's outputs."""
+        if mode not in QUANTIZE_CHOICES:
+            raise ValueError(f"unknown quantization {mode!r}; choose one of {', '.join(QUANTIZE_CHOICES)}")
+        if mode == "int8":
+            quantize_int8_(self)
+            self.row_floors = RowFloor()
 
     def rope(self, positions: torch.Tensor, slots: int) -> Rope:
         """positions: [B, T] long, all < slots."""

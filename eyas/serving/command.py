@@ -37,6 +37,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
         help="auto: bfloat16 on a GPU or a CPU with AVX512-BF16/AMX, else float32",
     )
     p.add_argument("--backend", default="native", choices=["native", "hf"])
+    p.add_argument("--quantize", default="none", choices=["none", "int8"],
+                   help="int8: weight-only int8 target (CHANGES the model's outputs; lossless w.r.t. the int8 model)")
     p.add_argument(
         "--served-model-name", default=None, help="name clients send as `model` (default: from --model)"
     )
@@ -110,7 +112,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from eyas.serving.engine import ServeLimits
 
     http = http_config(a)
-    spec = eyas.load(model=a.model, drafter=a.drafter, dtype=a.dtype, backend=a.backend, tree=a.tree)
+    spec = eyas.load(model=a.model, drafter=a.drafter, dtype=a.dtype, backend=a.backend, tree=a.tree,
+                     quantize=a.quantize)
     limits = ServeLimits(
         max_queue=a.max_queue, max_tokens=a.max_tokens_limit, max_prompt_tokens=a.max_prompt_tokens,
         max_batch=a.max_batch, spec_policy=a.spec_policy, calibrate=not a.no_calibrate,
