@@ -9,6 +9,7 @@ is choose_tree's on the cached table.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -99,3 +100,58 @@ def test_head_dir_of_names(tmp_path, llama):
     assert autotree.head_dir_of(target, DrafterSpec("ngram")) is None
     assert autotree.head_dir_of(target, DrafterSpec("hybrid")) is None  # no shipped head for this target
     assert autotree.head_dir_of(target, DrafterSpec(str(tmp_path))) is None  # a directory, not a head
+
+
+# ---- integration: eyas.load, eyas generate --json, the server's policy endpoint (embedded model) ------
+@pytest.fixture
+def fake_costs(tmp_path, monkeypatch):
+    """Fixed measurements (no timing on a shared machine) and a private cost cache."""
+    monkeypatch.setattr(autotree, "cache_root", lambda: tmp_path)
+    monkeypatch.delenv("EYAS_AUTO_TREE", raising=False)
+    table = {1: 0.040, 2: 0.041, 4: 0.042, 8: 0.044, 16: 0.060, 32: 0.080}
+    monkeypatch.setattr(autotree, "measure_step_costs", lambda model, exact: table)
+    monkeypatch.setattr(autotree, "measure_draft_cost", lambda head, model, exact: DraftCost(0.004, 0.003, 0.0002))
+    return table
+
+
+@pytest.mark.slow
+def test_load_sizes_the_default_heads_tree_and_tree_overrides(default_target, fake_costs):
+    import eyas
+
+    spec = eyas.load(dtype="float32")
+    c = spec.tree_choice
+    assert c is not None and spec.drafter_spec.tree == c.spec
+    assert spec.drafter.max_nodes == c.total_tokens + 1
+    assert eyas.load(dtype="float32", tree="dynamic:4,3,4").tree_choice is None
+    hybrid = eyas.load(drafter="hybrid", dtype="float32")
+    assert hybrid.tree_choice == c and hybrid.drafter.max_nodes == c.total_tokens + 1
+    assert eyas.load(drafter="ngram", dtype="float32").tree_choice is None
+
+
+@pytest.mark.slow
+def test_generate_json_shows_the_choice(default_target, fake_costs, capsys):
+    from eyas.cli import main
+
+    assert main(["generate", "Hi", "--json", "--max-new-tokens", "4", "--dtype", "float32"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["tree_choice"]["tree"].startswith("dynamic:") and d["tree_choice"]["predicted_tau"] > 1
+
+
+@pytest.mark.slow
+def test_policy_endpoint_shows_the_choice(default_target, fake_costs):
+    pytest.importorskip("fastapi")
+    import eyas
+    from eyas.serving.app import Server
+    from eyas.serving.engine import ServeLimits
+    from eyas.serving.guard import HttpConfig
+
+    spec = eyas.load(dtype="float32")
+    server = Server(spec, "smol", ServeLimits(max_queue=2, max_tokens=8, spec_policy="always", calibrate=False),
+                    HttpConfig())
+    try:
+        deadline = time.monotonic() + 30
+        while server.engine.policy_snapshot() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.policy_view()["tree_choice"] == spec.tree_choice.to_dict()
+    finally:
+        server.engine.close()

@@ -154,6 +154,8 @@ class Server:
         if snap is None:
             return {"mode": "none", "reason": "no drafter"}
         view = {**snap, "mode": self.limits.spec_policy, "effective_mode": snap["mode"]}
+        choice = getattr(self.spec, "tree_choice", None)  # the tree eyas.autotree sized to this machine at load
+        view["tree_choice"] = choice.to_dict() if choice is not None else None
         if snap["mode"] != self.limits.spec_policy and getattr(self.spec, "exact", False):
             view["reason"] = (
                 "exact (batch-invariant) mode pads every forward to the full tree, so cutting trees "
