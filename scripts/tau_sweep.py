@@ -5,9 +5,9 @@ so it can be measured on a busy machine. Tune on the training distribution only
 (scripts/tune_questions.py), never on the evaluation sets.
 
 python scripts/tau_sweep.py --questions /tmp/tune.jsonl --limit 12 --dtype bfloat16 \
-    --run "default|dynamic:4,3,4" --run "ngram|" --run "hybrid|dynamic:4,3,4"
+    --run "default|dynamic:4,3,4" --run "ngram||num_draft=4" --run "hybrid|dynamic:4,3,4"
 
-Each --run is DRAFTER|TREE[|key=value,...] (drafter options, e.g. budget=8, num_draft=6).
+Each --run is DRAFTER|TREE[|key=value;...] (drafter options as JSON values, e.g. budget=8;lookup_accept=[0.3,0.5]).
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ def parse_run(s: str) -> tuple[str, str | None, dict]:
     name, _, rest = s.partition("|")
     tree, _, opts = rest.partition("|")
     options = {}
-    for kv in filter(None, opts.split(",")):
+    for kv in filter(None, opts.split(";")):
         k, _, v = kv.partition("=")
-        options[k] = json.loads(v) if v[:1] in "[{" or v.replace(".", "", 1).isdigit() else v
-        if isinstance(options[k], list):
-            options[k] = tuple(options[k])
+        val = json.loads(v)
+        options[k] = tuple(val) if isinstance(val, list) else val
     return name, tree or None, options
 
 
@@ -60,8 +59,9 @@ def main() -> None:
             out = spec.generate(q, max_new_tokens=a.max_new_tokens)
             steps, acc = steps + out.steps, acc + out.accepted
             new = out.accepted_per_pos
-            per_pos = [a + b for a, b in zip(per_pos + [0] * len(new), new + [0] * len(per_pos), strict=False)]
-            per_pos = per_pos[: max(len(per_pos), len(new))]
+            width = max(len(per_pos), len(new))
+            per_pos = [a + b for a, b in zip(per_pos + [0] * (width - len(per_pos)), new + [0] * (width - len(new)),
+                                             strict=True)]
         nodes = spec.drafter.max_nodes if spec.drafter is not None else 1
         rec = {"run": run, "nodes": nodes, "tau": round(1 + acc / max(steps, 1), 4), "steps": steps,
                "accepted": acc, "accepted_per_pos": per_pos, "questions": len(qs), "dtype": a.dtype,
