@@ -39,6 +39,7 @@ class GenerationResult:
     drafted: int
     accepted: int
     seconds: float  # prefill + decode wall time
+    prefill_seconds: float = 0.0  # until the first token (prompt processing)
     accepted_per_pos: list[int] = field(default_factory=list)
     # per emitted token: True if it was drafted and accepted, False if the target produced it
     from_draft: list[bool] = field(default_factory=list)
@@ -153,8 +154,9 @@ class Speculator:
         """Generate a completion. params: max_new_tokens, temperature, top_p, top_k, seed, typical."""
         dec, ids, events = self.events(prompt, chat, speculate, **params)
         t0 = time.perf_counter()
-        new, flags = [], []
+        new, flags, prefill = [], [], None
         for ev in events:
+            prefill = time.perf_counter() - t0 if prefill is None else prefill
             new += ev.tokens.tolist()
             flags += _flags(ev)
         seconds = time.perf_counter() - t0
@@ -163,6 +165,7 @@ class Speculator:
             text=self.tokenizer.decode(new, skip_special_tokens=True), token_ids=new,
             prompt_tokens=int(ids.shape[0]), steps=s.steps, drafted=s.drafted, accepted=s.accepted,
             seconds=seconds, accepted_per_pos=list(s.accepted_per_pos), from_draft=flags,
+            prefill_seconds=prefill or 0.0,
         )
 
     def stream(self, prompt: Prompt, chat: bool = True, speculate: bool = True, **params) -> Iterator[str]:

@@ -166,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", dest="json_out", default=None, help="write results to this JSON file")
     s.add_argument("--plot", default=None, help="write a PNG bar chart of per-question speedup")
     s.add_argument("--compare-hf", action="store_true", help="also time HF generate (plain) in the same run")
+    s.add_argument("--compare-llamacpp", action="store_true",
+                   help="also run llama.cpp plain decoding of the same GGUF (needs llama-cpp-python: pip install "
+                        "'eyas[llamacpp]', a ~8 minute source build); reports its prompt and decode tok/s apart")
     s.add_argument("--warmup", type=int, default=1, help="untimed warm-up generations")
     _common(s)
     from eyas.bench.speed import cmd_speed
@@ -174,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     from eyas.bench.load import add_load_parser
 
     add_load_parser(bsub)
+    from eyas.bench.forward import add_forward_parser
+
+    add_forward_parser(bsub)
     from eyas.data.command import add_data_parser
     from eyas.serving.command import add_serve_parser
     from eyas.train.command import add_train_parser

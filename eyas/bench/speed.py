@@ -34,6 +34,11 @@ class QuestionResult:
     hf_tps: float | None = None
     hf_lookup_tps: float | None = None
     hf_lookup_identical: bool | None = None
+    # eyas plain decoding split into prompt processing and decoding (tokens after the first)
+    plain_prompt_tps: float = 0.0
+    plain_decode_tps: float = 0.0
+    llamacpp_prompt_tps: float | None = None
+    llamacpp_decode_tps: float | None = None
     steps: int = 0  # target forwards after prefill (speculative run)
     draft_seconds: float = 0.0  # time inside the drafter (propose + extend) in the speculative run
     spec_seconds: float = 0.0
@@ -70,6 +75,8 @@ class SpeedReport:
         if q[0].exact_plain_tps is not None:
             ex_s = sum(r.new_tokens / r.exact_plain_tps for r in q)
             out.update({"exact_plain_tokens_per_second": tokens / ex_s, "exact_mode_cost": ex_s / plain_s})
+        if q[0].llamacpp_decode_tps is not None:
+            out.update(_split_rates(q))
         if q[0].hf_tps is not None:
             hf_s = sum(r.new_tokens / r.hf_tps for r in q)
             lk_s = sum(r.new_tokens / r.hf_lookup_tps for r in q)
@@ -84,6 +91,21 @@ class SpeedReport:
         return {"settings": self.settings, "summary": self.summary(), "questions": qs}
 
 
+def _split_rates(q: list[QuestionResult]) -> dict:
+    """Prompt and decode tok/s of eyas plain decoding and llama.cpp (harmonic: total tokens / total time)."""
+    def rate(attr: str) -> float:
+        return len(q) / sum(1 / getattr(r, attr) for r in q)
+
+    from eyas.bench.llamacpp import WEIGHTS_CAVEAT
+
+    eyas_dec, ll_dec = rate("plain_decode_tps"), rate("llamacpp_decode_tps")
+    return {"eyas_plain_decode_tokens_per_second": eyas_dec,
+            "eyas_plain_prompt_tokens_per_second": rate("plain_prompt_tps"),
+            "llamacpp_decode_tokens_per_second": ll_dec,
+            "llamacpp_prompt_tokens_per_second": rate("llamacpp_prompt_tps"),
+            "eyas_plain_decode_vs_llamacpp": eyas_dec / ll_dec, "llamacpp_weights_caveat": WEIGHTS_CAVEAT}
+
+
 def read_questions(path: str, limit: int | None) -> list[dict]:
     p = Path(path)
     if not p.exists():
@@ -92,6 +114,19 @@ def read_questions(path: str, limit: int | None) -> list[dict]:
     if not rows or "turns" not in rows[0]:
         raise ValueError(f"{path}: expected EAGLE/Spec-Bench jsonl with a 'turns' list per line")
     return rows[:limit] if limit else rows
+
+
+def cpu_model() -> str:
+    """'AMD EPYC (avx512_bf16)' or the like: the CPU model and whether bf16 matmuls are native."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown"
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "unknown")
+    flags = info.split()
+    isa = "amx_bf16" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else (
+        "avx2" if "avx2" in flags else "no avx2")
+    return f"{name} ({isa})"
 
 
 def _agreement(a: list[int], b: list[int]) -> float:
@@ -146,7 +181,7 @@ class _DraftClock:
                 self.drafter.__dict__.pop(name, None)
 
 
-def bench_question(spec, q: dict, params: dict, hf: HFPeer | None) -> QuestionResult:
+def bench_question(spec, q: dict, params: dict, hf: HFPeer | None, llama=None) -> QuestionResult:
     """Plain (fastest mode), plain in exact mode when on, and speculative, back to back."""
     prompt = q["turns"][0]
     plain = spec.generate(prompt, speculate=False, exact=False, **params)
@@ -160,7 +195,12 @@ def bench_question(spec, q: dict, params: dict, hf: HFPeer | None) -> QuestionRe
         agreement=_agreement(ref.token_ids, fast.token_ids),
         exact_plain_tps=ref.tokens_per_second if spec.exact else None,
         steps=fast.steps, draft_seconds=clock.seconds, spec_seconds=fast.seconds,
+        plain_prompt_tps=plain.prompt_tokens / plain.prefill_seconds if plain.prefill_seconds else 0.0,
+        plain_decode_tps=(plain.new_tokens - 1) / max(plain.seconds - plain.prefill_seconds, 1e-9),
     )
+    if llama is not None:
+        run = llama.run(spec.encode(prompt).tolist(), params["max_new_tokens"], spec.stop_ids())
+        res.llamacpp_prompt_tps, res.llamacpp_decode_tps = run.prompt_tps, run.decode_tps
     if hf is not None:
         ids = spec.encode(prompt)
         hf_ids, hf_s = hf.run(ids, params["max_new_tokens"], lookup=False)
@@ -170,13 +210,19 @@ def bench_question(spec, q: dict, params: dict, hf: HFPeer | None) -> QuestionRe
     return res
 
 
-def run_speed(spec, questions: list[dict], params: dict, compare_hf: bool, warmup: int, settings: dict) -> SpeedReport:
+def run_speed(spec, questions: list[dict], params: dict, compare_hf: bool, warmup: int, settings: dict,
+              compare_llamacpp: bool = False) -> SpeedReport:
     hf = HFPeer(spec) if compare_hf else None
+    llama = None
+    if compare_llamacpp:
+        from eyas.bench.llamacpp import LlamaCppPeer, gguf_of
+
+        llama = LlamaCppPeer(gguf_of(spec), threads=torch.get_num_threads())
     for q in questions[:warmup]:  # untimed: first-call allocations and kernel selection
-        bench_question(spec, q, {**params, "max_new_tokens": 16}, hf)
+        bench_question(spec, q, {**params, "max_new_tokens": 16}, hf, llama)
     report = SpeedReport(settings=settings)
     for q in tqdm(questions, desc="bench speed", unit="q", file=sys.stderr):
-        report.questions.append(bench_question(spec, q, params, hf))
+        report.questions.append(bench_question(spec, q, params, hf, llama))
     return report
 
 
@@ -185,7 +231,10 @@ def print_report(report: SpeedReport) -> None:
     for r in report.questions:
         print(f"{str(r.question_id):>6} {r.new_tokens:>6} {r.plain_tps:>9.2f} {r.spec_tps:>9.2f} "
               f"{r.speedup:>7.2f} {r.mean_accepted:>5.2f} {r.identical}")
-    print(json.dumps(report.summary(), indent=2))
+    summary = report.summary()
+    print(json.dumps(summary, indent=2))
+    if "llamacpp_weights_caveat" in summary:
+        print(f"note: {summary['llamacpp_weights_caveat']}")
 
 
 def cmd_speed(a) -> int:
@@ -196,9 +245,10 @@ def cmd_speed(a) -> int:
     spec = _load(a)
     params = gen_params(a)
     settings = {k: v for k, v in vars(a).items() if k != "func"}
-    settings.update(machine=platform.machine(), threads=torch.get_num_threads(), torch=torch.__version__,
-                    date=time.strftime("%Y-%m-%d"))
-    report = run_speed(spec, questions, params, a.compare_hf, a.warmup, settings)
+    settings.update(machine=platform.machine(), cpu=cpu_model(), threads=torch.get_num_threads(),
+                    torch=torch.__version__, dtype_used=str(spec.target.model.dtype).removeprefix("torch."),
+                    exact=spec.exact, date=time.strftime("%Y-%m-%d"))
+    report = run_speed(spec, questions, params, a.compare_hf, a.warmup, settings, a.compare_llamacpp)
     print_report(report)
     if a.json_out:
         Path(a.json_out).write_text(json.dumps(report.to_dict(), indent=2))

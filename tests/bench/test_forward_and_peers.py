@@ -1,0 +1,68 @@
+"""eyas bench forward (verify-cost curve) and the llama.cpp peer of eyas bench speed."""
+
+from __future__ import annotations
+
+import builtins
+from pathlib import Path
+
+import pytest
+import torch
+
+from eyas.bench.forward import plot_forward, run_forward
+from eyas.bench.speed import QuestionResult, SpeedReport, cpu_model
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+def test_run_forward_times_fast_and_exact_mode(tiny, dtype, tmp_path):
+    model = tiny.native("llama", seed=0).to(dtype)
+    result = run_forward(model, [1, 3, 5], prefix=40, repeats=2, exact_too=True)
+    rows = result["rows"]
+    assert [r["tokens"] for r in rows] == [1, 3, 5]
+    assert all(r["ms"] > 0 and r["exact_ms"] > 0 for r in rows)
+    assert rows[0]["relative"] == 1.0
+    plot_forward({**result, "settings": {"dtype_used": "bf16"}}, str(tmp_path / "f.png"))
+    assert (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cpu_model_names_the_isa():
+    name = cpu_model()
+    assert "(" in name and name.endswith(")")
+
+
+def test_llamacpp_peer_missing_is_a_clear_error(monkeypatch):
+    from eyas.bench.llamacpp import LlamaCppPeer
+
+    real = builtins.__import__
+
+    def no_llama(name, *a, **k):
+        if name == "llama_cpp":
+            raise ImportError(name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_llama)
+    with pytest.raises(RuntimeError, match="pip install llama-cpp-python"):
+        LlamaCppPeer(Path("x.gguf"), threads=1)
+
+
+def test_gguf_of_refuses_a_non_gguf_target():
+    from eyas.bench.llamacpp import gguf_of
+
+    class T:
+        name = "/some/hf/dir"
+
+    class S:
+        target = T()
+
+    with pytest.raises(ValueError, match="needs a GGUF target"):
+        gguf_of(S())
+
+
+def test_summary_reports_prompt_and_decode_rates_apart():
+    rows = [QuestionResult(question_id=i, new_tokens=10, plain_tps=20.0, spec_tps=30.0, mean_accepted=2.0,
+                           identical=True, agreement=1.0, plain_prompt_tps=1000.0, plain_decode_tps=d,
+                           llamacpp_prompt_tps=400.0, llamacpp_decode_tps=100.0) for i, d in enumerate((50.0, 25.0))]
+    s = SpeedReport(settings={}, questions=rows).summary()
+    assert s["eyas_plain_decode_tokens_per_second"] == pytest.approx(2 / (1 / 50 + 1 / 25))
+    assert s["llamacpp_decode_tokens_per_second"] == pytest.approx(100.0)
+    assert s["eyas_plain_decode_vs_llamacpp"] == pytest.approx(2 / (1 / 50 + 1 / 25) / 100)
+    assert "Q4_1" in s["llamacpp_weights_caveat"]
