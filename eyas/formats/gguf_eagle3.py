@@ -231,10 +231,9 @@ def load_eagle3_gguf(path, target_cfg, dtype: torch.dtype = torch.float32) -> Ea
     cfg = _flat_config(kv, target_cfg)
     head_sd = _head_state_dict(sd, cfg)
     head = Eagle3Head(head_config(cfg, head_sd, target_cfg, p))
-    rope = sd.get("rope_freqs.weight")
-    if rope is not None and not torch.allclose(rope, _rope_factors(head) if _rope_factors(head) is not None
-                                               else torch.ones_like(rope)):
-        raise HeadMismatchError(f"{p}: its rope_freqs do not match the target's RoPE scaling")
+    rope, want = sd.get("rope_freqs.weight"), _rope_factors(head)
+    if (rope is None) != (want is None) or (rope is not None and not torch.allclose(rope, want)):
+        raise HeadMismatchError(f"{p}: its RoPE scaling (rope_freqs) is not the target's")
     _load_weights(head, head_sd, p)
     return head.to(dtype).eval().requires_grad_(False)
 
