@@ -20,9 +20,9 @@ def add_train_parser(sub) -> None:
     p.add_argument("--kind", default=d.kind, choices=["eagle3", "eagle1", "medusa"])
     p.add_argument("--model", default=None, help="target model (default: the embedded SmolLM2)")
     p.add_argument("--target-dtype", default=d.target_dtype, choices=["auto", "float32", "bfloat16"],
-                   help="dtype of the frozen target (auto: bfloat16 on GPU, float32 on CPU)")
+                   help="dtype of the frozen target (auto: bfloat16 where bf16 matmuls are native, else float32)")
     p.add_argument("--mixed-precision", default=d.mixed_precision, choices=["auto", "no", "bf16", "fp16"],
-                   help="autocast for the head (auto: bf16 on GPU, none on CPU)")
+                   help="autocast for the head (auto: bf16 where bf16 matmuls are native, else none)")
     p.add_argument("--max-len", type=int, default=d.max_len, help="tokens per conversation (truncated)")
     p.add_argument("--batch-tokens", type=int, default=d.batch_tokens, help="padded tokens per batch per process")
     p.add_argument("--epochs", type=float, default=d.epochs)

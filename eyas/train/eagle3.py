@@ -114,12 +114,23 @@ class Eagle3Objective:
         return p, in_vocab
 
     def loss(self, batch: FeatureBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """Weighted TTT loss over ``ttt_steps``; draft logits and labels only where a label is learnable.
+
+        The head's layer runs at every position (later positions attend to earlier ones), but the
+        [*, Vd] draft logits, the target's label distribution and the cross-entropy are computed
+        only at the N_k positions whose step-k label is learnable (an assistant token in the draft
+        vocabulary): the vocabulary projections dominate the step's cost, and about a third of a
+        conversation's positions (the prompt) never have a label.
+        """
         head, cfg = self.module, self.cfg
         dt = head.fc.weight.dtype
-        p, in_vocab = self.labels(batch)
-        valid = batch.loss_mask & in_vocab  # [B, T] label at t is learnable
+        valid = batch.loss_mask & self.module.t2d[batch.target_tokens]  # [B, T] label at t is learnable
         with torch.no_grad():
             emb = self.target.embed(batch.input_ids).to(dt)  # [B, T, H]
+            # [Nv, Vd] fp32: the target's distribution at the learnable positions, in row-major order
+            p = torch.softmax((batch.hidden[valid].to(self.label_rows.dtype) @ self.label_rows.T).float(), dim=-1)
+            row = torch.full(valid.shape, -1, dtype=torch.long, device=valid.device)  # [B, T] -> row of p
+            row[valid] = torch.arange(p.shape[0], device=valid.device)
         b, t = batch.input_ids.shape
         pos = torch.arange(t, device=emb.device)[None].expand(b, t)
         attn = TTTAttention(head.midlayer.self_attn)
@@ -132,15 +143,15 @@ class Eagle3Objective:
             rope = rope_tables(head.inv_freq, pos + k, dt)
             x = head.midlayer.attn_input(e, hid)
             hid = head.midlayer.finish(hid, attn(x, rope))
-            logp = F.log_softmax(head.logits(hid).float(), dim=-1)  # [B, T, Vd]
-            m = shift_left(valid, 1 + k, False)
+            m = shift_left(valid, 1 + k, False)  # [B, T] position t's step-k label (token t + 2 + k) learnable
             n = m.sum().clamp(min=1)
-            ce = -(shift_left(p, 1 + k) * logp).sum(-1)
-            step_loss = (ce * m).sum() / n
+            logp = F.log_softmax(head.logits(hid[m]).float(), dim=-1)  # [N_k, Vd]
+            ce = -(p[shift_left(row, 1 + k, -1)[m]] * logp).sum(-1)  # [N_k]
+            step_loss = ce.sum() / n
             total = total + cfg.decay**k * step_loss
             with torch.no_grad():
-                hit = draft_tokens[logp.argmax(-1)] == shift_left(batch.target_tokens, 1 + k)
-                stats[f"acc{k}"] = float((hit & m).sum() / n)
+                hit = draft_tokens[logp.argmax(-1)] == shift_left(batch.target_tokens, 1 + k)[m]
+                stats[f"acc{k}"] = float(hit.sum() / n)
                 stats[f"loss{k}"] = float(step_loss.detach())
         stats["loss"] = float(total.detach())
         return total, stats

@@ -30,7 +30,8 @@ class FeatureBatch:
     hidden: torch.Tensor
     # [B, T, L, D] residual entering each tap layer (L = len(tap_layers)); L = 0 when none
     taps: torch.Tensor
-    # [B, T] long, the target's greedy prediction of the token at t + 1
+    # [B, T] long, the target's greedy prediction of the token at t + 1 where loss_mask is True (0 elsewhere:
+    # a vocabulary projection over every prompt position would cost as much as a quarter of the forward)
     target_tokens: torch.Tensor
 
     def to(self, device, dtype: torch.dtype | None = None) -> FeatureBatch:
@@ -64,15 +65,18 @@ class TargetFeaturizer:
             taps = torch.stack([out.taps[i] for i in self.tap_layers], dim=2)
         else:
             taps = out.hidden.new_zeros(b, n, 0, out.hidden.shape[-1])
+        lm = loss_mask.to(dev)
+        tokens = torch.zeros(b, n, dtype=torch.long, device=dev)  # [B, T]
+        tokens[lm] = greedy_tokens(t, out.hidden[lm])
         # the target's forward runs in inference mode; clones are ordinary tensors autograd may save
         return FeatureBatch(
-            input_ids=ids, attention_mask=attention_mask.to(dev), loss_mask=loss_mask.to(dev),
-            hidden=out.hidden.clone(), taps=taps.clone(), target_tokens=greedy_tokens(t, out.hidden).clone(),
+            input_ids=ids, attention_mask=attention_mask.to(dev), loss_mask=lm,
+            hidden=out.hidden.clone(), taps=taps.clone(), target_tokens=tokens.clone(),
         )
 
 
 def greedy_tokens(target, hidden: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
-    """[B, T, D] final features -> [B, T] argmax of the target's logits, chunked over rows."""
+    """[..., D] final features -> [...] argmax of the target's logits, chunked over rows."""
     flat = hidden.reshape(-1, hidden.shape[-1])
     out = torch.cat([target.lm_head(flat[i : i + chunk]).argmax(-1) for i in range(0, flat.shape[0], chunk)])
     return out.view(hidden.shape[:-1])

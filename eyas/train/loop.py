@@ -36,8 +36,8 @@ class TrainConfig:
     out_dir: str
     kind: str = "eagle3"  # eagle3 | eagle1 | medusa
     model: str | None = None  # target (default: the embedded model)
-    # "auto": bfloat16 / bf16 autocast on a GPU, float32 / none on CPU (measured: this project's
-    # CPU kind has no native bf16 matmul, so bf16 is slower there than float32 for batched work)
+    # "auto": bfloat16 / bf16 autocast where bf16 matmuls are native (a GPU, a CPU with AVX512-BF16 or
+    # AMX: about 2x float32 there), float32 / none elsewhere (AVX2-only CPUs: bf16 is slower than fp32)
     target_dtype: str = "auto"  # features are computed in this dtype
     mixed_precision: str = "auto"  # accelerate: auto | no | bf16 | fp16
     max_len: int = 1024
@@ -125,15 +125,15 @@ def train(cfg: TrainConfig, log=print) -> dict:
     """Run (or resume) training; returns the final summary (also written to OUT/train_summary.json)."""
     from accelerate import Accelerator
 
-    from eyas.models.loading import load_target
+    from eyas.models.loading import fast_bf16, load_target
     from eyas.train.objectives import build_objective, export_head
 
     convs = read_conversations(cfg.data, log)  # malformed data fails before the target loads
     gpu = torch.cuda.is_available()
     if cfg.target_dtype == "auto":
-        cfg.target_dtype = "bfloat16" if gpu else "float32"
+        cfg.target_dtype = "bfloat16" if fast_bf16() else "float32"
     if cfg.mixed_precision == "auto":
-        cfg.mixed_precision = "bf16" if gpu else "no"
+        cfg.mixed_precision = "bf16" if fast_bf16() else "no"
     acc = Accelerator(mixed_precision=cfg.mixed_precision, cpu=not gpu)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)

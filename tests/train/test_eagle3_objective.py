@@ -96,3 +96,28 @@ def test_tap_scale_folds_into_fc(tiny):
     trained = torch.nn.functional.linear(taps.flatten(-2) * scale, head.fc.weight)
     assert torch.allclose(obj.folded().fuse(taps), trained, rtol=1e-5, atol=1e-5)
     assert torch.equal(obj.module.fc.weight, head.fc.weight)  # folding works on a copy
+
+
+def test_loss_on_learnable_rows_equals_the_dense_loss(tiny):
+    """Logits only where a label is learnable == the dense [B, T, Vd] computation masked afterwards."""
+    target = tiny.native("llama", seed=0)
+    head = random_eagle3_head(target.config, draft_vocab_size=96, seed=2).requires_grad_(True)
+    batch = _batch(target, head, n=18, b=3)
+    g = torch.Generator().manual_seed(5)
+    batch.loss_mask = torch.rand(batch.loss_mask.shape, generator=g) < 0.6  # prompt-like gaps
+    obj = Eagle3Objective(head, target, Eagle3LossConfig(ttt_steps=3))
+    loss, stats = obj.loss(batch)
+    p, in_vocab = obj.labels(batch)
+    valid = batch.loss_mask & in_vocab
+    assert 0 < int(valid.sum()) < valid.numel()  # some labels fall outside the draft vocabulary
+    ref = torch.zeros(())
+    for k, out in enumerate(_ttt_outputs(head, target, batch, 3)):
+        logp = torch.log_softmax(head.logits(out).float(), dim=-1)  # [B, T, Vd]
+        m = shift_left(valid, 1 + k, False)
+        step = (-(shift_left(p, 1 + k) * logp).sum(-1) * m).sum() / m.sum()
+        assert abs(stats[f"loss{k}"] - float(step)) < 1e-4
+        ref = ref + 0.8**k * step
+    assert torch.allclose(loss, ref, rtol=1e-5, atol=1e-5)
+    grad = torch.autograd.grad(loss, head.fc.weight)[0]
+    ref_grad = torch.autograd.grad(ref, head.fc.weight)[0]
+    assert torch.allclose(grad, ref_grad, rtol=1e-4, atol=1e-6)
