@@ -214,11 +214,13 @@ PROMPTS = ("Give three tips for staying healthy.",
 def test_embedded_default_with_the_shipped_head_equals_plain(default_target, dtype):
     import eyas
 
-    spec = eyas.load(drafter="hybrid", dtype=dtype, budget=8)
+    spec = eyas.load(drafter="hybrid", dtype=dtype, tree="dynamic:4,3,4", budget=8)
     assert isinstance(spec.drafter, HybridDrafter) and spec.drafter.max_nodes == 8
     assert spec.exact == (dtype == "bfloat16")
+    taus = []
     for q in PROMPTS:
         ref = spec.generate(q, max_new_tokens=40, speculate=False)
         out = spec.generate(q, max_new_tokens=40)
         assert out.token_ids == ref.token_ids, q
-        assert out.mean_accepted > 1.3, (q, out.mean_accepted)  # a trained head plus lookup accepts
+        taus.append(out.mean_accepted)
+    assert sum(taus) / len(taus) > 1.5, taus  # a trained head plus lookup accepts (a random head: about 1.0)
