@@ -7,8 +7,9 @@ padded to one width W and verified in a single forward over [B, W] tokens, each 
 own committed length (``start`` is a [B] tensor, keys past a row's own tree are masked),
 and then each row accepts its own number of tokens.
 
-Rows join between steps (``add`` prefills the prompt into a free row of the shared KV
-cache) and leave between steps (``remove`` moves the last row into the hole, so rows
+Rows join between steps (``add``; a prompt longer than one prefill chunk is prefilled one
+chunk per ``step``, between decode steps, so a long prompt joining never stalls the running
+rows for its whole prefill) and leave between steps (``remove`` moves the last row into the hole, so rows
 0 .. B-1 stay contiguous and the forward runs on a view, never a gather). The cache grows
 by doubling when a longer sequence arrives.
 
@@ -24,12 +25,12 @@ key length and padding of each forward and may flip near-tied argmaxes.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 
 import torch
 
-from eyas.decode import SpecDecoder, StepEvent, _Seq, root_only
+from eyas.decode import SeqState, SpecDecoder, StepEvent, root_only
 from eyas.models.base import ForwardOutput, TargetModel
 from eyas.policy import SpecPolicy, calibrate
 from eyas.types import DraftOutput, Tree
@@ -39,7 +40,16 @@ from eyas.types import DraftOutput, Tree
 class _Row:
     key: Hashable
     dec: SpecDecoder
-    seq: _Seq
+    seq: SeqState
+
+
+@dataclass
+class _Pending:
+    """A row whose prompt is being prefilled, one chunk per step, in its own 1-row cache."""
+
+    key: Hashable
+    dec: SpecDecoder
+    chunks: Iterator[SeqState | None]  # SpecDecoder.prefill_steps
 
 
 def cut_tree(draft: DraftOutput, width: int) -> DraftOutput:
@@ -72,26 +82,50 @@ class BatchDecoder:
         self.policy, self.taps = policy, taps
         self.cache = target.new_cache(max_batch, initial_slots)
         self.rows: list[_Row] = []
+        self.pending: list[_Pending] = []
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.rows) + len(self.pending)
 
     def decoder(self, key: Hashable) -> SpecDecoder:
-        return self.rows[self._index(key)].dec
+        pend = next((p for p in self.pending if p.key == key), None)
+        return pend.dec if pend is not None else self.rows[self._index(key)].dec
 
     # ---- rows join and leave between steps -------------------------------------------------
-    def add(self, key: Hashable, prompt: torch.Tensor, **params) -> StepEvent:
-        """Prefill ``prompt`` ([T] long) into a free row; returns the first token's event."""
-        if len(self.rows) == self.max_batch:
+    def add(self, key: Hashable, prompt: torch.Tensor, **params) -> StepEvent | None:
+        """Start a row for ``prompt`` ([T] long).
+
+        A prompt of one prefill chunk (``DecodeConfig.prefill_chunk``) is prefilled now and the first
+        token's event returned. A longer one returns None: ``step`` prefills it one chunk at a time
+        between decode steps (chunked prefill: running rows keep their inter-token latency) and
+        emits its first token when done.
+        """
+        if len(self) >= self.max_batch:
             raise RuntimeError(f"the batch is full ({self.max_batch} rows)")
         dec = self.make_decoder(**params)
-        b = len(self.rows)
-        self._ensure_slots(prompt.shape[0] + dec.cfg.max_new_tokens + dec.width + 1)
-        seq = dec.prefill(prompt, cache=self.cache.rows(b, b + 1))
-        self.rows.append(_Row(key, dec, seq))
-        return dec._emit(seq, seq.history[-1:], 0)
+        pend = _Pending(key, dec, dec.prefill_steps(prompt))
+        first = self._advance(pend)
+        if first is None:
+            self.pending.append(pend)
+        return first
+
+    def _advance(self, pend: _Pending) -> StepEvent | None:
+        """Prefill one more chunk; when the prompt is done, move the row into the batch (its first event)."""
+        seq = next(pend.chunks)
+        if seq is None:
+            return None
+        b, own = len(self.rows), seq.cache
+        self._ensure_slots(seq.cached + pend.dec.cfg.max_new_tokens + pend.dec.width + 1)
+        self.cache.k[:, b, :, : seq.cached] = own.k[:, 0, :, : seq.cached]
+        self.cache.v[:, b, :, : seq.cached] = own.v[:, 0, :, : seq.cached]
+        seq.cache = self.cache.rows(b, b + 1)
+        self.rows.append(_Row(pend.key, pend.dec, seq))
+        return pend.dec.emit(seq, seq.history[-1:], 0)
 
     def remove(self, key: Hashable) -> None:
+        if any(p.key == key for p in self.pending):
+            self.pending = [p for p in self.pending if p.key != key]
+            return
         i, last = self._index(key), len(self.rows) - 1
         if i != last:  # keep rows contiguous: the last row moves into the hole
             moved = self.rows[last]
@@ -102,6 +136,17 @@ class BatchDecoder:
 
     # ---- one step: draft -> verify (one forward) -> commit, per row -------------------------
     def step(self) -> list[tuple[Hashable, StepEvent]]:
+        """One decode step of the running rows, then one prefill chunk of the oldest joining row."""
+        events = self._decode_step() if self.rows else []
+        if self.pending:
+            pend = self.pending[0]
+            first = self._advance(pend)
+            if first is not None:
+                self.pending.pop(0)
+                events.append((pend.key, first))
+        return events
+
+    def _decode_step(self) -> list[tuple[Hashable, StepEvent]]:
         t0 = time.perf_counter()
         width = self.policy.width(len(self.rows)) if self.policy is not None else None
         drafts = [self._draft(r, width) for r in self.rows]
@@ -113,12 +158,10 @@ class BatchDecoder:
             out_b = ForwardOutput(out.logits[b : b + 1, :n], out.hidden[b : b + 1, :n],
                                   {k: v[b : b + 1, :n] for k, v in out.taps.items()})
             dec = row.dec
-            ver = dec.verifier(draft, out_b.logits[0], dec.generator)
-            dec.commit(row.seq, draft.tree, ver, out_b)
-            dec.stats.record(n - 1, ver.num_accepted)
+            ver = dec.accept(row.seq, draft, out_b)
             if self.policy is not None and full_nodes > 0:  # drafted, a miss (root only) included
                 self.policy.curve.observe(full_nodes, n, ver.path.tolist())
-            events.append((row.key, dec._emit(row.seq, ver.tokens, ver.num_accepted)))
+            events.append((row.key, dec.emit(row.seq, ver.tokens, ver.num_accepted)))
         if self.policy is not None:
             spent = time.perf_counter() - t0
             self.policy.cost.observe(len(self.rows) * w, len(self.rows), spent - drafting)

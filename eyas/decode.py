@@ -35,7 +35,8 @@ class DecodeConfig:
     # bf16 row invariance: a token's logits do not depend on how many tokens share its forward,
     # so speculative output equals plain (drafter none) output bit for bit (eyas.models.attention)
     exact: bool = False
-    prefill_chunk: int = 512
+    # prompt tokens per prefill forward; continuous batching runs one chunk between decode steps
+    prefill_chunk: int = 128
     # exact mode keeps one copy of the KV cache per tree node for tree attention (PathAttention) up to this size
     max_mirror_bytes: int = 2 << 30
 
@@ -56,7 +57,9 @@ class StepEvent:
 
 
 @dataclass
-class _Seq:
+class SeqState:
+    """One sequence's decoding state (a batch row's too: eyas.batch keeps one per row)."""
+
     history: torch.Tensor  # [n] long, all tokens, the last one (root) not yet in the cache
     cache: object
     cached: int  # slots holding committed tokens
@@ -102,26 +105,31 @@ class SpecDecoder:
         """prompt: [T] long. Yields the new tokens of every step until a stop."""
         seq = self.prefill(prompt)
         first = seq.history[-1:]
-        yield self._emit(seq, first, 0)
+        yield self.emit(seq, first, 0)
         while not self._done(seq):
             ver = self.step(seq)
-            yield self._emit(seq, ver.tokens, ver.num_accepted)
+            yield self.emit(seq, ver.tokens, ver.num_accepted)
 
-    def step(self, seq: _Seq) -> VerifyOutput:
+    def step(self, seq: SeqState) -> VerifyOutput:
+        """draft -> verify -> commit. eyas.batch runs the same verbs, with one forward for all rows."""
         draft = self.draft(seq)
         out = self.verify_forward(seq, draft.tree)
+        return self.accept(seq, draft, out)
+
+    def accept(self, seq: SeqState, draft: DraftOutput, out: ForwardOutput) -> VerifyOutput:
+        """Verify the draft against the target's logits ([1, N, V] in ``out``) and commit what it keeps."""
         ver = self.verifier(draft, out.logits[0], self.generator)
         self.commit(seq, draft.tree, ver, out)
         self.stats.record(draft.tree.num_nodes - 1, ver.num_accepted)
         return ver
 
     # ---- the three verbs ------------------------------------------------------------------
-    def draft(self, seq: _Seq) -> DraftOutput:
+    def draft(self, seq: SeqState) -> DraftOutput:
         if self.drafter is None:
             return root_only(seq)
         return self.drafter.propose(seq.history, self.cfg.sampling, self.generator)
 
-    def verify_forward(self, seq: _Seq, tree: Tree) -> ForwardOutput:
+    def verify_forward(self, seq: SeqState, tree: Tree) -> ForwardOutput:
         """One target forward over the tree nodes at slots after the cached prefix."""
         n, start = tree.num_nodes, seq.cached
         positions = start + tree.depth
@@ -134,7 +142,7 @@ class SpecDecoder:
         mask[:, start:] = tree.mask
         return self._forward(tree.tokens, positions, seq.cache, start, mask)
 
-    def commit(self, seq: _Seq, tree: Tree, ver: VerifyOutput, out: ForwardOutput) -> None:
+    def commit(self, seq: SeqState, tree: Tree, ver: VerifyOutput, out: ForwardOutput) -> None:
         """Move accepted KV entries into place, extend history, feed the drafter."""
         self.target.commit(seq.cache, seq.cached, ver.path)
         if seq.mirror is not None:
@@ -145,8 +153,16 @@ class SpecDecoder:
             self.drafter.extend(ver.tokens, _features(out, ver.path))
 
     # ---- prefill and helpers ---------------------------------------------------------------
-    def prefill(self, prompt: torch.Tensor, cache=None) -> _Seq:
+    def prefill(self, prompt: torch.Tensor, cache=None) -> SeqState:
         """prompt: [T] long. ``cache``: a 1-row cache to fill (a batch row), else a new one."""
+        *_, seq = self.prefill_steps(prompt, cache)
+        return seq
+
+    def prefill_steps(self, prompt: torch.Tensor, cache=None) -> Iterator[SeqState | None]:
+        """Prefill in chunks of ``cfg.prefill_chunk`` tokens: yields None after every chunk but the last, then
+        the SeqState. Continuous batching (eyas.batch) runs one chunk per step between decode steps; the
+        chunking is the same as ``prefill``'s, so a served prompt's cache holds the same bits as eyas generate's.
+        """
         t = prompt.shape[0]
         budget = t + self.cfg.max_new_tokens + self.width + 1
         limit = self.target.config.max_position_embeddings
@@ -157,9 +173,11 @@ class SpecDecoder:
             )
         self.stats = StepStats()
         cache = cache if cache is not None else self.target.new_cache(1, budget)
-        outs = []
-        for s in range(0, t, self.cfg.prefill_chunk):
-            chunk = prompt[s : s + self.cfg.prefill_chunk]
+        outs, size = [], self.cfg.prefill_chunk
+        for s in range(0, t, size):
+            if s:
+                yield None
+            chunk = prompt[s : s + size]
             pos = torch.arange(s, s + chunk.shape[0], device=prompt.device)
             outs.append(self._forward(chunk, pos, cache, s, None, prefill=True))
         first = self._sample_first(outs[-1].logits[0, -1])
@@ -170,7 +188,7 @@ class SpecDecoder:
         mirror = self._new_mirror(cache, budget)
         if mirror is not None:
             mirror.broadcast_from(cache, 0, t)
-        return _Seq(history=torch.cat([prompt, first]), cache=cache, cached=t, mirror=mirror)
+        yield SeqState(history=torch.cat([prompt, first]), cache=cache, cached=t, mirror=mirror)
 
     def _new_mirror(self, cache, budget: int):
         """Exact mode's per-row cache copies (PathAttention), when the target supports them and they fit."""
@@ -195,7 +213,7 @@ class SpecDecoder:
             return logits.argmax(-1, keepdim=True)
         return sample(logits_to_probs(logits, sp), self.generator).reshape(1)
 
-    def _emit(self, seq: _Seq, tokens: torch.Tensor, num_accepted: int) -> StepEvent:
+    def emit(self, seq: SeqState, tokens: torch.Tensor, num_accepted: int) -> StepEvent:
         left = self.cfg.max_new_tokens - seq.emitted
         tokens = tokens[:left]
         stops = [i for i, tok in enumerate(tokens.tolist()) if tok in self.cfg.stop_ids]
@@ -207,11 +225,11 @@ class SpecDecoder:
         return StepEvent(tokens=tokens, num_accepted=min(num_accepted, tokens.shape[0]), finished=seq.finished)
 
     @staticmethod
-    def _done(seq: _Seq) -> bool:
+    def _done(seq: SeqState) -> bool:
         return seq.finished
 
 
-def root_only(seq: _Seq) -> DraftOutput:
+def root_only(seq: SeqState) -> DraftOutput:
     """The tree of a plain step: the root (the last sampled token) alone."""
     root = seq.history[-1:]
     return DraftOutput(tree=make_tree(root, torch.full_like(root, -1)))

@@ -47,10 +47,11 @@ def run_batch(batch: BatchDecoder, jobs: dict, joins: dict | None = None) -> dic
             if len(batch) == batch.max_batch:
                 break
             prompt, params = pending.pop(k)
-            ev = batch.add(k, prompt, **params)
-            out[k] += ev.tokens.tolist()
-            if ev.finished:
-                batch.remove(k)
+            ev = batch.add(k, prompt, **params)  # None: a long prompt, prefilled chunk by chunk in step()
+            if ev is not None:
+                out[k] += ev.tokens.tolist()
+                if ev.finished:
+                    batch.remove(k)
         if len(batch):
             for k, ev in batch.step():
                 out[k] += ev.tokens.tolist()
@@ -198,3 +199,48 @@ def test_calibrated_cost_learns_only_the_row_overhead():
     cost.observe(16, rows=4, seconds=3.0)  # 1 s beyond the calibrated forward, over 4 rows
     assert cost.points == {1: 1.0, 16: 2.0} and cost.per_row == pytest.approx(0.25)
     assert cost(16, 8) == pytest.approx(4.0) and cost(8, 1) == pytest.approx(1.0 + 7 / 15 + 0.25)
+
+
+def test_chunked_prefill_interleaves_with_running_rows(tiny):
+    """A long prompt joins: it is prefilled one chunk per step while the running rows keep getting tokens."""
+    target = tiny.native("llama", seed=0)
+    batch = make_batch(target, ngram(), max_batch=3, prefill_chunk=8)
+    short = prompt_ids(5, seed=1)
+    long = prompt_ids(60, seed=2)  # 8 chunks of 8
+    first_a = batch.add("a", short, max_new_tokens=30)
+    assert first_a is not None
+    assert batch.add("b", long, max_new_tokens=10) is None
+    assert len(batch) == 2 and batch.decoder("b") is not None
+    seen = {"a": [], "b": []}
+    for step in range(7):  # 7 more chunks: "a" advances in every one of these steps
+        keys = [k for k, ev in batch.step() if seen[k].append(ev) is None]
+        assert "a" in keys, step
+    assert any(ev.tokens.numel() for ev in seen["b"])  # its first token came with the last chunk
+    out = {"a": first_a.tokens.tolist(), "b": []}
+    for k, evs in seen.items():
+        for ev in evs:
+            out[k] += ev.tokens.tolist()
+    while len(batch):
+        for k, ev in batch.step():
+            out[k] += ev.tokens.tolist()
+            if ev.finished:
+                batch.remove(k)
+    assert out["a"] == solo(target, None, short, 30, prefill_chunk=8)
+    assert out["b"] == solo(target, None, long, 10, prefill_chunk=8)
+
+
+def test_pending_row_can_be_removed(tiny):
+    target = tiny.native("llama", seed=0)
+    batch = make_batch(target, None, max_batch=2, prefill_chunk=8)
+    assert batch.add("x", prompt_ids(40, seed=3), max_new_tokens=5) is None
+    batch.remove("x")
+    assert len(batch) == 0 and batch.step() == []
+
+
+def test_bf16_exact_batch_of_one_speculative_equals_drafter_none(tiny):
+    """One text for one request: a served row (batch of one) with a drafter == SpecDecoder without one."""
+    target = tiny.native("llama", seed=0).to(torch.bfloat16)
+    for seed in (4, 5):
+        prompt = prompt_ids(30, seed=seed)
+        got = run_batch(make_batch(target, ngram(), max_batch=1, exact=True), {0: (prompt, {"max_new_tokens": 40})})
+        assert got[0] == solo(target, None, prompt, 40, exact=True)

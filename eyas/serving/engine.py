@@ -180,10 +180,11 @@ class Engine:
 
     def _start(self, req: GenRequest) -> None:
         a = _Active(req, Detokenizer(self.spec.tokenizer, req.settings.stop), last=req.arrival)
-        ev = self.batch.add(req, req.ids, settings=req.settings)
+        ev = self.batch.add(req, req.ids, settings=req.settings)  # None: prefilled chunk by chunk in step()
         self.active[req] = a
         self.metrics.running = len(self.active)
-        self._deliver(a, ev)
+        if ev is not None:
+            self._deliver(a, ev)
 
     def _step(self) -> None:
         try:
