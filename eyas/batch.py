@@ -190,7 +190,11 @@ class BatchDecoder:
         kv_len = int(starts.max()) + w
         tokens, positions, mask = _pack(trees, starts, w, kv_len)
         b = len(self.rows)
-        out = self.target.forward(tokens, positions, self.cache.rows(0, b), starts, mask, self.taps, kv_len=kv_len)
+        paths = [r.dec.path_attention(r.seq, t) for r, t in zip(self.rows, trees, strict=True)]
+        if all(p is not None for p in paths):  # exact mode: every row attends exactly as it would alone
+            out = self.target.forward(tokens, positions, self.cache.rows(0, b), starts, None, self.taps, paths=paths)
+        else:
+            out = self.target.forward(tokens, positions, self.cache.rows(0, b), starts, mask, self.taps, kv_len=kv_len)
         return out, w
 
     def calibrate(self, context: int = 128, repeats: int = 3) -> None:

@@ -133,14 +133,22 @@ class SpecDecoder:
         """One target forward over the tree nodes at slots after the cached prefix."""
         n, start = tree.num_nodes, seq.cached
         positions = start + tree.depth
-        mirror = seq.cache if n == 1 else seq.mirror
-        if self.cfg.exact and self.target.path_attention and mirror is not None:
-            # each node attends prefix + its own path in consecutive slots, as plain decoding lays them out
-            paths = PathAttention.from_tree_mask(tree.mask, start, round_up(start + n), mirror)
+        paths = self.path_attention(seq, tree)
+        if paths is not None:
             return self._forward(tree.tokens, positions, seq.cache, start, None, paths=paths)
         mask = torch.ones(n, start + n, dtype=torch.bool, device=tree.mask.device)
         mask[:, start:] = tree.mask
         return self._forward(tree.tokens, positions, seq.cache, start, mask)
+
+    def path_attention(self, seq: SeqState, tree: Tree) -> PathAttention | None:
+        """Exact mode: each node attends prefix + its own path in consecutive slots, as plain decoding lays
+        them out (a one-node tree attends the sequence's own cache). None outside exact mode, or without a mirror.
+        """
+        n = tree.num_nodes
+        if not (self.cfg.exact and self.target.path_attention and (n == 1 or seq.mirror is not None)):
+            return None
+        return PathAttention.from_tree_mask(tree.mask, seq.cached, round_up(seq.cached + n),
+                                            None if n == 1 else seq.mirror)
 
     def commit(self, seq: SeqState, tree: Tree, ver: VerifyOutput, out: ForwardOutput) -> None:
         """Move accepted KV entries into place, extend history, feed the drafter."""

@@ -244,3 +244,19 @@ def test_bf16_exact_batch_of_one_speculative_equals_drafter_none(tiny):
         prompt = prompt_ids(30, seed=seed)
         got = run_batch(make_batch(target, ngram(), max_batch=1, exact=True), {0: (prompt, {"max_new_tokens": 40})})
         assert got[0] == solo(target, None, prompt, 40, exact=True)
+
+
+@pytest.mark.parametrize("drafter", ("ngram", "eagle3"))
+def test_bf16_exact_concurrent_rows_equal_drafter_none(tiny, drafter):
+    """bf16 exact mode at concurrency: every row (joining mid-way, trees of different sizes, cut by the
+    policy or not) gives the tokens SpecDecoder gives that prompt alone without a drafter."""
+    target = tiny.native("llama", seed=0).to(torch.bfloat16)
+    d = ngram() if drafter == "ngram" else Eagle3Drafter(
+        target_model=target, head=random_eagle3_head(target.config, VOCAB // 2, seed=3).to(torch.bfloat16),
+        tree="dynamic:4,3,8")
+    lens, news = (30, 7, 52, 12), (40, 25, 30, 35)
+    jobs = {i: (prompt_ids(p, seed=10 + i), {"max_new_tokens": n})
+            for i, (p, n) in enumerate(zip(lens, news, strict=True))}
+    got = run_batch(make_batch(target, d, max_batch=3, exact=True), jobs, {0: 0, 1: 0, 2: 2, 3: 4})
+    for k, (prompt, params) in jobs.items():
+        assert got[k] == solo(target, None, prompt, params["max_new_tokens"], exact=True), k

@@ -31,8 +31,8 @@ def time_forward(model, n: int, prefix: int, exact: bool, repeats: int) -> float
     chain = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
     kwargs = {"mask": causal_mask(n, prefix, device=dev)[None]}
     if exact:
-        mirror = cache if n == 1 else model.new_cache(n, prefix + n + 1)
-        if mirror is not cache:
+        mirror = None if n == 1 else model.new_cache(n, prefix + n + 1)
+        if mirror is not None:
             mirror.broadcast_from(cache, 0, prefix)
         kwargs = {"paths": PathAttention.from_tree_mask(chain, prefix, round_up(prefix + n), mirror)}
     times = []

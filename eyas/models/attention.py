@@ -41,19 +41,27 @@ class AttnMeta:
 
     # cached slots before the new tokens: an int, or [B] long (one committed length per row)
     start: int | torch.Tensor
-    # keys attended: slots 0 .. kv_len
+    # keys attended: slots 0 .. kv_len (path attention: each PathAttention's own)
     kv_len: int
     # [B, 1, T, S] bool (True = may attend), or None = causal / every slot < kv_len
     mask: torch.Tensor | None = None
-    # exact mode (batch of one): per-row path attention instead of ``mask``
-    paths: PathAttention | None = None
+    # exact mode: one PathAttention per batch row (its tree's first N_b of the T tokens), instead of ``mask``
+    paths: list[PathAttention] | None = None
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int, meta: AttnMeta,
            is_causal: bool = False) -> torch.Tensor:
     """q: [B, T, H, Dh]; k, v: [B, T, Hk, Dh] (new entries) -> [B, T, H, Dh] in q's dtype."""
     if meta.paths is not None:
-        return path_attend(q, k, v, cache, layer, meta)
+        if len(meta.paths) == 1:
+            return path_attend(q, k, v, cache, layer, meta.paths[0])
+        # rows padded to the widest tree: each row attends with its own nodes; padding rows' outputs are zero
+        out = q.new_zeros(q.shape)
+        for b, pa in enumerate(meta.paths):
+            n = pa.order.shape[0]
+            out[b : b + 1, :n] = path_attend(q[b : b + 1, :n], k[b : b + 1, :n], v[b : b + 1, :n],
+                                             cache.rows(b, b + 1), layer, pa)
+        return out
     keys, values = cache.update(layer, meta.start, k.transpose(1, 2), v.transpose(1, 2), meta.kv_len)
     qt = q.transpose(1, 2).to(keys.dtype)  # [B, H, T, Dh]
     y = F.scaled_dot_product_attention(qt, keys, values, attn_mask=meta.mask, is_causal=is_causal,
@@ -62,24 +70,27 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, la
 
 
 def path_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int,
-                meta: AttnMeta) -> torch.Tensor:
-    """Exact mode, batch of one: q [1, N, H, Dh]; k, v [1, N, Hk, Dh] for N tree nodes -> [1, N, H, Dh]."""
-    paths, start, kv_len = meta.paths, meta.start, meta.kv_len
+                paths: PathAttention) -> torch.Tensor:
+    """Exact mode, one sequence: q [1, N, H, Dh]; k, v [1, N, Hk, Dh] for N tree nodes -> [1, N, H, Dh].
+
+    ``cache`` is the sequence's own (1-row) cache.
+    """
+    start, kv_len = paths.start, paths.masks.shape[-1]
     n, h, dh = q.shape[1], q.shape[2], q.shape[3]
     hk = k.shape[2]
-    mirror = paths.mirror
-    mk, mv = mirror.k[layer], mirror.v[layer]  # [W, Hk, S_max, Dh], W >= N
-    if mirror is cache:  # a plain step: one row, the cache itself
+    if paths.mirror is None:  # a plain step: one row, the cache itself
+        mk, mv = cache.k[layer], cache.v[layer]  # [1, Hk, S_max, Dh]
         mk[:, :, start : start + n] = k.transpose(1, 2)
         mv[:, :, start : start + n] = v.transpose(1, 2)
     else:
+        mk, mv = paths.mirror.k[layer], paths.mirror.v[layer]  # [W, Hk, S_max, Dh], W >= N
         # the tree's own entries, in node order, for commit (slots start .. start + N of the cache)
         cache.update(layer, start, k.transpose(1, 2), v.transpose(1, 2), kv_len)
         # mirror row r, slot start + j <- node order[r, j]; zeros past r's path ([N, N, Hk, Dh] -> [N, Hk, N, Dh])
         keep = paths.keep[:, :, None, None]
         mk[:n, :, start : start + n] = torch.where(keep, k[0][paths.order], 0).transpose(1, 2)
         mv[:n, :, start : start + n] = torch.where(keep, v[0][paths.order], 0).transpose(1, 2)
-    qr = q[0].view(n, hk, h // hk, dh).to(mk.dtype)  # [N, Hk, G, Dh]: the G query heads of a KV head
+    qr = q[0].reshape(n, hk, h // hk, dh).to(mk.dtype)  # [N, Hk, G, Dh]: the G query heads of a KV head
     scores = torch.matmul(qr, mk[:n, :, :kv_len].transpose(-1, -2)) * dh**-0.5  # [N, Hk, G, S]
     probs = scores.float().masked_fill(paths.hidden, float("-inf")).softmax(-1).to(mv.dtype)
     y = torch.matmul(probs, mv[:n, :, :kv_len])  # [N, Hk, G, Dh]

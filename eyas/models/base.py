@@ -50,24 +50,27 @@ class PathAttention:
     lengths: torch.Tensor
     # [N, 1, 1, S] bool: row r attends slots < start + len(path r)
     masks: torch.Tensor
-    # a KV cache with W >= N rows, prefix kept equal to the real cache's (see SpecDecoder),
-    # or the real cache itself for a one-node tree (a plain step)
-    mirror: object
+    # committed slots before the tree
+    start: int
+    # a KV cache with W >= N rows, prefix kept equal to the real cache's (see SpecDecoder);
+    # None for a one-node tree (a plain step): the sequence's own cache row is its mirror
+    mirror: object | None
 
     @classmethod
     def from_tree_mask(cls, tree_mask: torch.Tensor, start: int, kv_len: int, mirror) -> PathAttention:
         """tree_mask: [N, N] bool ancestor-or-self, nodes topologically ordered; mirror rows >= N.
 
-        ``mirror`` may be the target's own 1-row cache when N == 1 (a plain step in exact mode).
+        ``mirror`` None: a one-node tree (a plain step in exact mode) attends its own cache row.
         """
         n, dev = tree_mask.shape[0], tree_mask.device
-        if int(mirror.k.shape[1]) < n:
-            raise ValueError(f"path attention: {n} tree nodes but a mirror of {int(mirror.k.shape[1])} rows")
+        rows = 1 if mirror is None else int(mirror.k.shape[1])
+        if rows < n:
+            raise ValueError(f"path attention: {n} tree nodes but a mirror of {rows} rows")
         cols = torch.arange(n, device=dev).expand(n, n)
         order = torch.where(tree_mask, cols, cols + n).argsort(dim=1)  # path nodes first, ascending
         lengths = tree_mask.sum(1)
         masks = torch.arange(kv_len, device=dev)[None] < (start + lengths)[:, None]  # [N, S]
-        return cls(order=order, lengths=lengths, masks=masks[:, None, None], mirror=mirror)
+        return cls(order=order, lengths=lengths, masks=masks[:, None, None], start=start, mirror=mirror)
 
     # derived once per forward (every layer reads them)
     @functools.cached_property

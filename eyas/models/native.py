@@ -13,7 +13,7 @@ from torch import nn
 
 from eyas.kv.static import KVCache
 from eyas.models.attention import KV_BLOCK, AttnMeta, attend, round_up
-from eyas.models.base import ForwardOutput, TargetModel, causal_mask
+from eyas.models.base import ForwardOutput, PathAttention, TargetModel, causal_mask
 from eyas.models.config import ModelConfig
 from eyas.models.exact import RowFloor, linear
 from eyas.models.layers import (  # noqa: F401  (re-exported: the heads build on these)
@@ -247,12 +247,16 @@ class NativeLlama(nn.Module, TargetModel):
     def _meta(self, tokens, cache, start, mask, kv_len, paths) -> AttnMeta:
         b, t = tokens.shape
         if paths is not None:
-            if b != 1 or not isinstance(start, int):
-                raise ValueError("path attention (exact mode) runs a batch of one")
-            kv_len = paths.masks.shape[-1]
-            if kv_len % KV_BLOCK or kv_len > cache.max_slots:
-                raise ValueError(f"path attention needs kv_len a multiple of {KV_BLOCK} within the cache, got {kv_len}")
-            return AttnMeta(start=start, kv_len=kv_len, paths=paths)
+            paths = [paths] if isinstance(paths, PathAttention) else list(paths)
+            if len(paths) != b:
+                raise ValueError(f"path attention (exact mode) needs one PathAttention per batch row: {len(paths)} "
+                                 f"for a batch of {b}")
+            for pa in paths:
+                s = pa.masks.shape[-1]
+                if s % KV_BLOCK or s > cache.max_slots or pa.order.shape[0] > t:
+                    raise ValueError(f"path attention needs kv_len a multiple of {KV_BLOCK} within the cache and at "
+                                     f"most {t} nodes, got kv_len {s}, {pa.order.shape[0]} nodes")
+            return AttnMeta(start=start, kv_len=max(pa.masks.shape[-1] for pa in paths), paths=paths)
         kv_len = kv_len if kv_len is not None else start + t
         if mask is None and (t > 1 or kv_len != start + t):
             mask = causal_mask(t, start, kv_len, tokens.device).expand(b, t, kv_len)

@@ -115,13 +115,17 @@ def test_from_tree_mask_paths_and_masks(tiny):
         PathAttention.from_tree_mask(tree.mask, 10, 64, tiny.native("llama", seed=0).new_cache(3, 20))
 
 
-def test_path_attention_needs_batch_of_one(tiny):
+def test_path_attention_needs_one_per_batch_row(tiny):
     target = tiny.native("llama", seed=0)
-    cache = target.new_cache(2, 32)
-    pa = PathAttention.from_tree_mask(torch.ones(1, 1, dtype=torch.bool), 0, 32, target.new_cache(1, 32))
-    with pytest.raises(ValueError, match="batch of one"):
-        target.forward(torch.zeros(2, 1, dtype=torch.long), torch.zeros(2, 1, dtype=torch.long), cache, 0,
-                       kv_len=32, paths=pa)
+    cache = target.new_cache(2, 64)
+    pa = PathAttention.from_tree_mask(torch.ones(1, 1, dtype=torch.bool), 0, 64, None)
+    with pytest.raises(ValueError, match="one PathAttention per batch row: 1 for a batch of 2"):
+        target.forward(torch.zeros(2, 1, dtype=torch.long), torch.zeros(2, 1, dtype=torch.long), cache,
+                       torch.zeros(2, dtype=torch.long), paths=[pa])
+    with pytest.raises(ValueError, match="multiple of 64"):
+        bad = PathAttention.from_tree_mask(torch.ones(1, 1, dtype=torch.bool), 0, 32, None)
+        target.forward(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long), cache.rows(0, 1), 0,
+                       paths=bad)
 
 
 def test_transformers_backend_refuses_path_attention(tiny):
