@@ -22,6 +22,7 @@ Every target forward goes through ``RefillEngine._forward`` (one place to adapt 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -29,7 +30,7 @@ from typing import Protocol
 import torch
 
 from eyas.kv.static import KVCache
-from eyas.models.base import TargetModel, causal_mask
+from eyas.models.base import TargetModel
 from eyas.types import SamplingParams
 from eyas.verify import logits_to_probs, sample
 
@@ -75,8 +76,25 @@ class Jobs(Protocol):
     def next_job(self) -> Job | None:
         """The next prompt to decode, or None when there is nothing now (``done`` may add more)."""
 
-    def done(self, job: Job, completion: Completion) -> None:
-        """A job finished; may queue follow-up jobs (next turn of a conversation)."""
+    def done(self, job: Job, completion: Completion) -> Job | None:
+        """A job finished; may return a follow-up job (the next turn of its conversation).
+
+        When the follow-up's prompt extends the finished row's tokens, the row's keys/values are
+        reused and only the new tokens are prefilled.
+        """
+
+
+@dataclass
+class _Stash:
+    """A finished row's keys/values, kept for a follow-up job whose prompt starts with that row's tokens."""
+
+    # [Lyr, Hk, C, Dh] each: the first C slots of the row
+    k: torch.Tensor
+    v: torch.Tensor
+
+    @property
+    def tokens(self) -> int:
+        return int(self.k.shape[2])
 
 
 @dataclass
@@ -110,6 +128,7 @@ class RefillEngine:
             else:
                 self.generator.seed()  # a fresh nondeterministic seed for this generator only
         self.forwards = 0  # target forwards run (profiling)
+        self.prefilled = 0  # prompt tokens prefilled (a reused row's tokens are not)
 
     def budget(self, prompt_len: int, max_new_tokens: int | None = None) -> int:
         """New tokens a prompt of this length may get: max_new_tokens, or less near the context end."""
@@ -128,15 +147,20 @@ class RefillEngine:
         live = _Live()
         cache = self.model.new_cache(self.cfg.batch_size, self.cfg.slots)
         logits = None  # [n, V] float32: next-token logits of every live row
+        pending: deque[tuple[Job, _Stash | None]] = deque()  # follow-up jobs first, before new ones
         while True:
-            cache, logits = self._refill(live, jobs, cache, logits)
+            cache, logits = self._refill(live, jobs, pending, cache, logits)
             if not live:
                 return
             tokens = self._pick(logits, [j.mode for j in live.jobs])  # [n]
             finished = self._emit(live, tokens.tolist())
             for row in sorted(finished, reverse=True):  # the last live row fills each hole
-                job, out = self._remove(live, cache, row)
-                jobs.done(job, Completion(out, "stop" if out[-1] in self.stop else "length"))
+                job, out = live.jobs[row], live.out[row]
+                follow = jobs.done(job, Completion(out, "stop" if out[-1] in self.stop else "length"))
+                if follow is not None:
+                    # the row holds prompt + out[:-1]: the last emitted token was never fed
+                    pending.append((follow, _stash(cache, row, job.prompt + out[:-1], follow.prompt)))
+                self._remove(live, cache, row)
             if live:  # feed every live row its last emitted token
                 last = torch.tensor([o[-1] for o in live.out], dtype=torch.long, device=self.model.device)
                 logits = self._decode(live, cache, last)
@@ -151,17 +175,15 @@ class RefillEngine:
                 finished.append(b)
         return finished
 
-    def _remove(self, live: _Live, cache: KVCache, row: int) -> tuple[Job, list[int]]:
+    def _remove(self, live: _Live, cache: KVCache, row: int) -> None:
         """Drop live row ``row``; the last live row moves into its place (cache included)."""
         last = len(live) - 1
-        gone = (live.jobs[row], live.out[row])
         if row != last:
             cache.copy_row(last, row, live.lens[last])
             for lst in (live.jobs, live.out, live.budgets, live.lens):
                 lst[row] = lst[last]
         for lst in (live.jobs, live.out, live.budgets, live.lens):
             lst.pop()
-        return gone
 
     def _decode(self, live: _Live, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
         """One step: tokens [n] (each row's last emitted token) -> next-token logits [n, V]."""
@@ -175,30 +197,39 @@ class RefillEngine:
             live.lens[b] += 1
         return out.logits[:, -1].float()
 
-    def _refill(self, live: _Live, jobs: Jobs, cache: KVCache, logits):
-        """Prefill new jobs into free rows when enough are free; returns (cache, logits)."""
+    def _refill(self, live: _Live, jobs: Jobs, pending: deque, cache: KVCache, logits):
+        """Prefill follow-ups and new jobs into free rows when enough are free; returns (cache, logits)."""
         free = self.cfg.batch_size - len(live)
         if free < self.cfg.refill_at and live:
             return cache, logits
-        new: list[Job] = []
+        new: list[tuple[Job, _Stash | None]] = []
         while len(new) < free:
-            job = jobs.next_job()
+            item = pending.popleft() if pending else (jobs.next_job(), None)
+            job = item[0]
             if job is None:
                 break
             if not job.prompt or self.budget(len(job.prompt), job.max_new_tokens) < 1:
                 raise ValueError(f"job {job.key!r}: every prompt needs >= 1 token and room for >= 1 new token "
                                  f"in the context")
-            new.append(job)
+            new.append(item)
         if not new:
             return cache, logits
-        need = max(len(j.prompt) + self.budget(len(j.prompt), j.max_new_tokens) for j in new)
+        need = max(len(j.prompt) + self.budget(len(j.prompt), j.max_new_tokens) for j, _ in new)
         cache = self._fit(cache, live, need)
         parts = [] if logits is None or not live else [logits]
-        for s in range(0, len(new), self.cfg.prefill_rows):
-            group = new[s : s + self.cfg.prefill_rows]
+        # continuations (a stash) and fresh prompts prefill in separate groups: a group's rows are
+        # padded to its longest feed, and a continuation's feed is short
+        for group in _groups([x for x in new if x[1] is not None], self.cfg.prefill_rows, cache.max_slots) + \
+                _groups([x for x in new if x[1] is None], self.cfg.prefill_rows, cache.max_slots):
             n = len(live)
-            parts.append(self._prefill([j.prompt for j in group], cache.rows(n, n + len(group))))
-            for j in group:
+            rows = cache.rows(n, n + len(group))
+            for i, (_, st) in enumerate(group):
+                if st is not None:
+                    rows.k[:, i, :, : st.tokens] = st.k
+                    rows.v[:, i, :, : st.tokens] = st.v
+            held = [st.tokens if st is not None else 0 for _, st in group]
+            parts.append(self._prefill([j.prompt for j, _ in group], held, rows))
+            for j, _ in group:
                 live.jobs.append(j)
                 live.out.append([])
                 live.budgets.append(self.budget(len(j.prompt), j.max_new_tokens))
@@ -217,23 +248,34 @@ class RefillEngine:
             grown.v[:, :, :, :top] = cache.v[:, :, :, :top]
         return grown
 
-    def _prefill(self, prompts: list[list[int]], cache: KVCache) -> torch.Tensor:
-        """Prompts right-padded into cache rows (slots 0 ..); returns each one's next-token logits [k, V]."""
+    def _prefill(self, prompts: list[list[int]], held: list[int], cache: KVCache) -> torch.Tensor:
+        """Prompts into cache rows whose first ``held[b]`` slots already hold prompt b's first tokens.
+
+        The rest of each prompt (its feed) is right-padded to T and written at slots held_b ..;
+        returns each prompt's next-token logits [k, V].
+        """
         dev = self.model.device
-        k, t = len(prompts), max(len(p) for p in prompts)
+        k = len(prompts)
+        feeds = [p[h:] for p, h in zip(prompts, held, strict=True)]
+        t = max(len(f) for f in feeds)
+        self.prefilled += sum(len(f) for f in feeds)
         tokens = torch.zeros(k, t, dtype=torch.long, device=dev)  # [k, T], pad id 0
-        for b, p in enumerate(prompts):
-            tokens[b, : len(p)] = torch.as_tensor(p, dtype=torch.long)
-        lens = torch.tensor([len(p) for p in prompts], device=dev)  # [k]
-        real = torch.arange(t, device=dev)[None] < lens[:, None]  # [k, T] real key slots
-        positions = torch.arange(t, device=dev)[None].expand(k, t)
+        for b, f in enumerate(feeds):
+            tokens[b, : len(f)] = torch.as_tensor(f, dtype=torch.long)
+        lens = torch.tensor([len(f) for f in feeds], device=dev)  # [k] feed lengths
+        base = torch.tensor(held, device=dev)  # [k]
+        positions = base[:, None] + torch.arange(t, device=dev)[None]  # [k, T] (pad slots: junk, masked later)
         last = torch.empty(k, self.model.config.hidden_size, dtype=self.model.dtype, device=dev)  # [k, D]
         none = torch.zeros(0, dtype=torch.long, device=dev)  # no vocab projection over every position
         for s in range(0, t, self.cfg.prefill_chunk):
             e = min(t, s + self.cfg.prefill_chunk)
-            # [k, e - s, e]: causal AND real key. A pad query still sees slot 0 (a real token): no NaN
-            mask = causal_mask(e - s, s, device=dev)[None] & real[:, None, :e]
-            out = self._forward(tokens[:, s:e], positions[:, s:e], cache, s, mask, e, logits_idx=none)
+            kv_len = max(held) + e
+            slots = torch.arange(kv_len, device=dev)[None, None]  # [1, 1, S]
+            query = (base + s)[:, None, None] + torch.arange(e - s, device=dev)[None, :, None]  # [k, e - s, 1]
+            # [k, e - s, S]: causal AND a real key; a pad query still sees the row's real tokens: no NaN
+            mask = (slots <= query) & (slots < (base + lens)[:, None, None])
+            start = s if not any(held) else base + s  # one offset for fresh rows, per-row otherwise
+            out = self._forward(tokens[:, s:e], positions[:, s:e], cache, start, mask, kv_len, logits_idx=none)
             ends = ((lens - 1 >= s) & (lens - 1 < e)).nonzero().flatten()  # rows whose last token is here
             last[ends] = out.hidden[ends, lens[ends] - 1 - s]
         return self.model.lm_head(last).float()
@@ -254,6 +296,28 @@ class RefillEngine:
         return self.model.forward(tokens, positions, cache, start, mask=mask, logits_idx=logits_idx, kv_len=kv_len)
 
 
+def _stash(cache: KVCache, row: int, held: list[int], prompt: list[int]) -> _Stash | None:
+    """A copy of the row's keys/values when ``prompt`` extends the ``held`` tokens, else None."""
+    if len(prompt) <= len(held) or prompt[: len(held)] != held:
+        return None  # e.g. the answer text re-tokenizes differently: the follow-up is prefilled whole
+    c = len(held)
+    return _Stash(cache.k[:, row, :, :c].clone(), cache.v[:, row, :, :c].clone())
+
+
+def _groups(items: list, size: int, max_slots: int) -> list[list]:
+    """Items (job, stash) cut into prefill groups of <= size rows whose padded writes fit the cache."""
+    out = []
+    for s in range(0, len(items), size):
+        group = items[s : s + size]
+        t = max(len(j.prompt) - (st.tokens if st else 0) for j, st in group)
+        if len(group) > 1 and max((st.tokens if st else 0) for _, st in group) + t > max_slots:
+            half = len(group) // 2
+            out += _groups(group[:half], size, max_slots) + _groups(group[half:], size, max_slots)
+        else:
+            out.append(group)
+    return out
+
+
 class _ListJobs:
     """A fixed list of jobs; results by key."""
 
@@ -266,3 +330,4 @@ class _ListJobs:
 
     def done(self, job: Job, completion: Completion) -> None:
         self.results[job.key] = completion
+        return None

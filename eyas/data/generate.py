@@ -1,10 +1,10 @@
 """Conversations -> jobs for the continuous-refill engine (``eyas.data.engine``): ``eyas data``, native.
 
 ``NativeGenerator.run`` regenerates conversations turn by turn: conversations are read in windows
-whose first turns are sorted by prompt length (rows prefilled together then pad little), and
-when a turn's answer is done the conversation's next turn goes to the front of the queue, so it
-takes the next free row and finishes early. A conversation is written as soon as its last turn
-is done. A Magpie source (``eyas.data.magpie``) can run alongside in the same batch.
+whose first turns are sorted by prompt length (rows prefilled together then pad little). The next
+turn of a conversation continues in the row of the turn before (the engine reuses its keys/values
+when the new prompt extends them), and a conversation is written as soon as its last turn is done.
+A Magpie source (``eyas.data.magpie``) can run alongside in the same batch.
 """
 
 from __future__ import annotations
@@ -115,16 +115,15 @@ class ConversationJobs:
             self.queue.extend(sorted(jobs, key=lambda j: len(j.prompt)))
         return self.queue.popleft()
 
-    def done(self, job: Job, comp: Completion) -> None:
+    def done(self, job: Job, comp: Completion) -> Job | None:
+        """Record the answer; the conversation's next turn is the follow-up (it continues in this row)."""
         conv: Conversation = job.key
         self.sink.tokens(len(comp.token_ids))
         self.answers[conv.id].append(self.gen.answer(job.prompt, comp))
         if len(self.answers[conv.id]) == len(conv.turns):
             self.sink.done(conv, self.answers.pop(conv.id))
-            return
-        nxt = self._job(conv)
-        if nxt is not None:
-            self.queue.appendleft(nxt)  # the next free row: the conversation finishes early
+            return None
+        return self._job(conv)
 
     def _job(self, conv: Conversation) -> Job | None:
         """The job of the conversation's next turn, or None (skipped: no room in the context)."""
@@ -150,9 +149,10 @@ class _Chain:
                 return Job(_Owned(i, job), job.prompt, job.mode, job.max_new_tokens)
         return None
 
-    def done(self, job: Job, comp: Completion) -> None:
-        inner: Job = job.key.job
-        self.schedulers[job.key.owner].done(inner, comp)
+    def done(self, job: Job, comp: Completion) -> Job | None:
+        owner = job.key.owner
+        follow = self.schedulers[owner].done(job.key.job, comp)
+        return None if follow is None else Job(_Owned(owner, follow), follow.prompt, follow.mode, follow.max_new_tokens)
 
 
 @dataclass

@@ -71,7 +71,9 @@ class MagpieJobs:
     """Scheduler (``eyas.data.engine.Jobs``) of Magpie conversations: request jobs, then answer jobs.
 
     Requests are decoded in sampling mode 1 of the generator's engine, answers in mode 0 (the run's
-    ``--temperature``). ``gen`` is the ``NativeGenerator`` (encode, decode, answer, engine budget).
+    ``--temperature``); an accepted request's answer is its follow-up job, so it continues in the
+    request's row (the chat prompt of the answer starts with the user prefix and the request).
+    ``gen`` is the ``NativeGenerator`` (encode, decode, answer, engine budget).
     """
 
     def __init__(self, gen, cfg: MagpieConfig, done_ids: set[str], sink: Sink) -> None:
@@ -79,7 +81,6 @@ class MagpieJobs:
         self.prefix = user_prefix(gen.tokenizer)
         self.seen = {i for i in done_ids if i.startswith(SOURCE + ":")}  # written, answering, or drawn
         self.written = len(self.seen)
-        self.answering: list[Job] = []  # accepted requests waiting for a row
         self.drawing = 0  # request jobs in rows
         self.rejects = 0
 
@@ -88,36 +89,35 @@ class MagpieJobs:
         return max(0, self.cfg.count - self.written)
 
     def next_job(self) -> Job | None:
-        if self.answering:
-            return self.answering.pop()
         in_flight = (len(self.seen) - self.written) + self.drawing  # accepted (not yet written) + drawing
         if in_flight >= self.remaining or self.rejects > self.cfg.max_rejects:
             return None
         self.drawing += 1
         return Job(None, self.prefix, mode=1, max_new_tokens=self.cfg.max_user_tokens)
 
-    def done(self, job: Job, comp: Completion) -> None:
+    def done(self, job: Job, comp: Completion) -> Job | None:
+        """A drawn request -> its answer job (the follow-up, continuing the request's row) or None."""
         self.sink.tokens(len(comp.token_ids))
         if job.key is None:  # a request was drawn
             self.drawing -= 1
-            self._accept(self.gen.decode(comp.token_ids).strip())
-            return
+            return self._accept(self.gen.decode(comp.token_ids).strip())
         conv, ids = job.key
         self.written += 1
         self.sink.done(conv, [self.gen.answer(ids, comp)])
+        return None
 
-    def _accept(self, text: str) -> None:
+    def _accept(self, text: str) -> Job | None:
         key = f"{SOURCE}:{prompt_key(text)}"
         if not text or key in self.seen:
             self.rejects += 1
-            return
+            return None
         conv = Conversation(id=key, source=SOURCE, turns=[[{"role": "user", "content": text}]])
         ids = self.gen.encode(conv.turns[0])
         if self.gen.engine.budget(len(ids)) < 1:
             self.rejects += 1
-            return
+            return None
         self.seen.add(key)
-        self.answering.append(Job((conv, ids), ids))
+        return Job((conv, ids), ids)
 
     def summary(self) -> str:
         return f"magpie: {self.written} of {self.cfg.count} conversations, {self.rejects} draws rejected " \

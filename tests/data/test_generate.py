@@ -106,6 +106,46 @@ def test_batched_equals_unbatched_greedy(spec, cfg) -> None:
         assert any(done and live for done, live in jobs.taken)
 
 
+class _Turns:
+    """Two-turn jobs: turn 2's prompt is turn 1's prompt + answer + a few tokens (a reused row), or,
+    for odd keys, not an extension of it (prefilled whole)."""
+
+    def __init__(self, spec, ps) -> None:
+        self.spec, self.todo, self.results = spec, [Job((i, 0), p) for i, p in enumerate(ps)], {}
+
+    def next_job(self):
+        return self.todo.pop(0) if self.todo else None
+
+    def done(self, job, comp):
+        self.results[job.key] = (job.prompt, comp)
+        i, turn = job.key
+        if turn == 1:
+            return None
+        extra = [spec_word(7 + i), spec_word(9)]
+        prompt = job.prompt + comp.token_ids + extra if i % 2 == 0 else [spec_word(5)] + job.prompt + extra
+        return Job((i, 1), prompt, max_new_tokens=6 + i)
+
+
+def spec_word(n: int) -> int:
+    return n  # word-level tokenizer: "w<n>" has id n
+
+
+@pytest.mark.parametrize("cfg", [dict(batch_size=8), dict(batch_size=2, refill_at=1, prefill_rows=1),
+                                 dict(batch_size=3, prefill_rows=2, prefill_chunk=3, slots=8)])
+def test_follow_up_continues_in_its_row(spec, cfg) -> None:
+    ps = prompts(spec)
+    eng = engine(spec, **cfg, max_new_tokens=10)
+    jobs = _Turns(spec, ps)
+    eng.run(jobs)
+    assert len(jobs.results) == 2 * len(ps)
+    for (i, turn), (prompt, comp) in jobs.results.items():
+        assert comp.token_ids == plain(spec, prompt, 10 if turn == 0 else 6 + i), (i, turn)
+    fresh = sum(len(p) for p, _ in (jobs.results[(i, 0)] for i in range(len(ps))))
+    odd = sum(len(jobs.results[(i, 1)][0]) for i in range(1, len(ps), 2))
+    # even keys fed only the answer's last token and the extra ones: the row's keys/values were reused
+    assert eng.prefilled == fresh + odd + sum(1 + 2 for _ in range(0, len(ps), 2))
+
+
 class _Jobs:
     def __init__(self, jobs) -> None:
         self.todo, self.results, self.issued = list(jobs), {}, 0

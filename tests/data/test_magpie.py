@@ -64,16 +64,17 @@ def test_duplicates_and_empty_requests_are_drawn_again(spec, tmp_path) -> None:
     draws = [jobs.next_job(), jobs.next_job()]
     assert jobs.next_job() is None  # two in flight cover the two missing
     assert all(d.mode == 1 and d.prompt == user_prefix(gen.tokenizer) for d in draws)
-    jobs.done(draws[0], Completion(ids(["w1", "w2", "<|im_end|>"]), "stop"))  # in the file already
-    jobs.done(draws[1], Completion([IM_END], "stop"))  # empty request
+    assert jobs.done(draws[0], Completion(ids(["w1", "w2", "<|im_end|>"]), "stop")) is None  # in the file
+    assert jobs.done(draws[1], Completion([IM_END], "stop")) is None  # empty request
     assert jobs.rejects == 2
     d = jobs.next_job()
-    jobs.done(d, Completion(ids(["w3", "w4"]), "length"))  # a request cut at max_user_tokens is kept
-    answer = jobs.next_job()  # an accepted request is answered first (mode 0, its chat prompt)
+    answer = jobs.done(d, Completion(ids(["w3", "w4"]), "length"))  # a request cut at max_user_tokens is kept
+    # an accepted request's answer is its follow-up (mode 0, its chat prompt), continuing the request's row
     assert answer.mode == 0 and answer.prompt == spec.encode([{"role": "user", "content": "w3 w4"}]).tolist()
-    jobs.done(jobs.next_job(), Completion(ids(["w3", "w4"]), "stop"))  # the same request again: dropped
+    assert answer.prompt[: len(d.prompt) + 2] == d.prompt + ids(["w3", "w4"])
+    assert jobs.done(jobs.next_job(), Completion(ids(["w3", "w4"]), "stop")) is None  # the same request again
     assert jobs.rejects == 3
-    jobs.done(answer, Completion(ids(["w9", "<|im_end|>"]), "stop"))
+    assert jobs.done(answer, Completion(ids(["w9", "<|im_end|>"]), "stop")) is None
     out.close()
     rec = json.loads(out.path.read_text())
     assert rec["id"] == f"magpie:{prompt_key('w3 w4')}" and rec["source"] == "magpie"
