@@ -17,11 +17,16 @@ Sources (read, not copied):
   ``vllm/transformers_utils/configs/eagle.py`` turns ``LlamaForCausalLM`` into
   ``EagleLlamaForCausalLM``.
 * SGLang ``python/sglang/srt/models/llama_eagle.py``: the same keys, but ``fc`` always has a
-  bias (``nn.Linear`` default), so SGLang needs ``fc.bias``.
+  bias (``nn.Linear`` default), so SGLang needs ``fc.bias``; its ``models/llama.py``
+  ``LlamaDecoderLayer`` (sglang 0023954) also reads ``attention_bias or bias`` as the attention bias.
+
+So the ``safeailab`` layout always writes ``fc.bias`` (zeros for a head without one: the same
+head) and never the ``bias`` key: SafeAILab then builds fc with a bias (its default) and SGLang
+builds no attention bias the head does not have.
 
 Weights (``model.safetensors``):
 
-    fc.weight [D, 2D], fc.bias [D] (when the head has one)
+    fc.weight [D, 2D], fc.bias [D] (zeros when the head has none; not in the vllm layout)
     layers.0.self_attn.{q,k,v,o}_proj.weight (+ q/k/v bias for Qwen2 targets)
     layers.0.mlp.{gate,up,down}_proj.weight, layers.0.post_attention_layernorm.weight
     embed_tokens.weight (only for heads with their own embedding)
@@ -42,12 +47,11 @@ LAYOUTS = ("safeailab", "vllm")
 def eagle1_config_json(
     head: EagleHead, target_name: str | None = None, dtype: torch.dtype | None = None, layout: str = "safeailab"
 ) -> dict:
-    """config.json: the target's config with one layer plus ``bias`` (SafeAILab ea_model.py: fc bias)."""
+    """config.json: the target's config with one layer (module docstring: no ``bias`` key but in vLLM's)."""
     m = head.config
     cfg = hf_config_dict(m, dtype or head.fc.weight.dtype)
     cfg["architectures"] = [ARCHITECTURES.get(m.model_type, "LlamaForCausalLM")]
     cfg["num_hidden_layers"] = 1
-    cfg["bias"] = head.fc.bias is not None  # SafeAILab ea_model.py: fc bias (defaults to true when absent)
     if layout == "vllm":
         # vLLM: one Llama layer whose attention_bias covers q/k/v/o (o_proj bias written as zeros)
         cfg.update(model_type="llama", architectures=["LlamaForCausalLM"], bias=False,
@@ -72,6 +76,8 @@ def save_eagle1(
     sd = {k: v.detach().cpu() for k, v in head.state_dict().items()}
     if layout == "vllm":
         sd = _vllm_state_dict(head, sd)
+    elif "fc.bias" not in sd:  # SafeAILab's default and SGLang's only fc have a bias: a zero one is no bias
+        sd["fc.bias"] = sd["fc.weight"].new_zeros(sd["fc.weight"].shape[0])
     if dtype is not None:
         sd = {k: v.to(dtype) for k, v in sd.items()}
     out = Path(out_dir)

@@ -126,7 +126,9 @@ def test_config_json(tiny, tmp_path):
     cfg = json.loads((tmp_path / "config.json").read_text())
     # vLLM configs/eagle.py maps LlamaForCausalLM -> EagleLlamaForCausalLM
     assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["model_type"] == "llama"
-    assert cfg["num_hidden_layers"] == 1 and cfg["bias"] is True
+    # no `bias` key: SafeAILab defaults it to an fc bias, while SGLang's and vLLM's LlamaDecoderLayer
+    # read it as the attention bias (sglang models/llama.py 0023954, vllm models/llama.py 0035bdf)
+    assert cfg["num_hidden_layers"] == 1 and "bias" not in cfg
     for key in (
         "vocab_size",
         "hidden_size",
@@ -154,15 +156,18 @@ def test_config_json(tiny, tmp_path):
 
 
 def test_head_without_fc_bias(tiny, tmp_path, prompt):
-    """bias=false heads (vLLM llama_eagle.py builds fc without bias) write no fc.bias."""
+    """A head without fc bias gets a zero fc.bias here (SGLang's fc always has one) and none in vLLM's layout."""
     target = tiny.native("llama")
     head = make_head(target.config, bias=False)
-    save_eagle1(head, tmp_path)
-    assert "fc.bias" not in read_weights(tmp_path)
-    assert json.loads((tmp_path / "config.json").read_text())["bias"] is False
-    got = load_eagle_head(tmp_path, target.config, torch.float32)
-    assert got.fc.bias is None
-    assert generate(target, got, prompt)[0] == generate(target, None, prompt)[0]
+    save_eagle1(head, tmp_path / "a")
+    assert not read_weights(tmp_path / "a")["fc.bias"].any()
+    got = load_eagle_head(tmp_path / "a", target.config, torch.float32)
+    assert generate(target, got, prompt) == generate(target, head, prompt)
+    save_eagle1(head, tmp_path / "b", layout="vllm")
+    assert "fc.bias" not in read_weights(tmp_path / "b")
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["bias"] is False
+    got = load_eagle_head(tmp_path / "b", target.config, torch.float32)
+    assert got.fc.bias is None and generate(target, got, prompt) == generate(target, head, prompt)
 
 
 def test_dtype_cast_and_loader_detection(tiny, tmp_path, prompt):
