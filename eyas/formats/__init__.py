@@ -1,8 +1,11 @@
 """Checkpoint layouts that other engines read and write, mapped onto eyas heads.
 
-    eagle1       SafeAILab EAGLE-1 heads (``fc`` + ``layers.0.*``), as SGLang and vLLM load them
+    eagle1       SafeAILab EAGLE-1 heads (``fc`` + ``layers.0.*``), and the variant vLLM loads
     eagle3       EAGLE-3 heads in the ``LlamaForCausalLMEagle3`` layout (vLLM, SGLang, TensorRT-LLM)
     speculators  the vllm-project/speculators ``Eagle3Speculator`` config and key names
+    gguf_eagle3  EAGLE-3 heads as llama.cpp ``eagle3`` draft GGUF files
+    verifier     the target model an export names (hub id or directory, real architectures)
+    convert      ``eyas convert``: any head eyas reads -> any of these layouts (and Medusa's two)
 
 This module holds what they share: reading weights (safetensors, or
 ``torch.load(weights_only=True)`` for a ``pytorch_model.bin``), listing key names
