@@ -26,6 +26,7 @@ import importlib.metadata as md
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -85,8 +86,12 @@ def link_closure(closure: set[str], dest: Path) -> int:
 @pytest.fixture(scope="module")
 def plain_venv(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("plain")
+    # build from a clean copy: an in-tree build would reuse (and leave) ROOT/build, stale files included
+    src = tmp / "src"
+    shutil.copytree(ROOT / "eyas", src / "eyas", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", src / "pyproject.toml")
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp / "dist"), str(ROOT)],
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp / "dist"), str(src)],
                    check=True, capture_output=True)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp / "venv")], check=True)
     py = tmp / "venv" / "bin" / "python"
