@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from eyas.decode import SeqState, SpecDecoder, StepEvent, root_only
-from eyas.models.base import ForwardOutput, TargetModel
+from eyas.models.base import ForwardMeta, ForwardOutput, TargetModel
 from eyas.policy import SpecPolicy, calibrate
 from eyas.types import DraftOutput, Tree
 
@@ -192,10 +192,10 @@ class BatchDecoder:
         b = len(self.rows)
         paths = [r.dec.path_attention(r.seq, t) for r, t in zip(self.rows, trees, strict=True)]
         if all(p is not None for p in paths):  # exact mode: every row attends exactly as it would alone
-            out = self.target.forward(tokens, positions, self.cache.rows(0, b), starts, None, self.taps, paths=paths)
+            meta = ForwardMeta(start=starts, paths=paths, taps=self.taps)
         else:
-            out = self.target.forward(tokens, positions, self.cache.rows(0, b), starts, mask, self.taps, kv_len=kv_len)
-        return out, w
+            meta = ForwardMeta(start=starts, mask=mask, kv_len=kv_len, taps=self.taps)
+        return self.target.run(tokens, positions, self.cache.rows(0, b), meta), w
 
     def calibrate(self, context: int = 128, repeats: int = 3) -> None:
         """Seed the policy's cost table: time one forward of n tokens after ``context`` slots."""
@@ -208,8 +208,8 @@ class BatchDecoder:
         def forward(n: int) -> None:
             tokens = torch.zeros(1, n, dtype=torch.long, device=dev)
             positions = torch.arange(context, context + n, device=dev)[None]
-            self.target.forward(tokens, positions, scratch, context, None, self.taps,
-                                logits_idx=torch.arange(n, device=dev))
+            meta = ForwardMeta(start=context, taps=self.taps, logits_idx=torch.arange(n, device=dev))
+            self.target.run(tokens, positions, scratch, meta)
 
         self.policy.cost = calibrate(forward, top, repeats)
         self.policy.cost.ema = self.policy.cfg.ema

@@ -13,7 +13,7 @@ import torch
 
 from eyas.drafters.base import Drafter, TargetFeatures
 from eyas.models.attention import round_up
-from eyas.models.base import ForwardOutput, PathAttention, TargetModel
+from eyas.models.base import ForwardMeta, ForwardOutput, PathAttention, TargetModel
 from eyas.models.exact import MAX_ROWS
 from eyas.tree import make_tree
 from eyas.types import DraftOutput, SamplingParams, StepStats, Tree, VerifyOutput
@@ -209,10 +209,10 @@ class SpecDecoder:
     def _forward(self, tokens, positions, cache, start, mask, prefill=False, paths=None) -> ForwardOutput:
         """tokens, positions: [T]; mask: [T, S] or None (causal). Adds the batch dim."""
         t = tokens.shape[0]
-        return self.target.forward(
-            tokens[None], positions[None], cache, start, None if mask is None else mask[None], self.taps,
-            logits_idx=torch.tensor([t - 1], device=tokens.device) if prefill else None, paths=paths,
-        )
+        meta = ForwardMeta(start=start, mask=None if mask is None else mask[None], taps=self.taps,
+                           paths=None if paths is None else [paths],
+                           logits_idx=torch.tensor([t - 1], device=tokens.device) if prefill else None)
+        return self.target.run(tokens[None], positions[None], cache, meta)
 
     def _sample_first(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [V] -> [1] long, the first generated token."""

@@ -89,14 +89,39 @@ class PathAttention:
         return [row[:k].tolist() for row, k in zip(self.order, self.lengths.tolist(), strict=True) if k]
 
 
+@dataclass
+class ForwardMeta:
+    """Everything one target forward needs besides its tokens, positions and cache.
+
+    Example (a 3-node tree after 40 cached slots, batch of one, fast mode):
+    ``ForwardMeta(start=40, mask=m)`` with m [1, 3, 43] bool: the prefix, then each node's ancestors.
+    """
+
+    # cached slots before the new tokens: an int, or [B] long (one committed length per row; native backend)
+    start: int | torch.Tensor
+    # [B, T, S] bool, True = may attend; S = kv_len or start + T; None = causal
+    mask: torch.Tensor | None = None
+    # exact mode: one PathAttention per batch row instead of ``mask`` (native backend)
+    paths: list[PathAttention] | None = None
+    # keys attended (sizes the mask); None = start + T
+    kv_len: int | None = None
+    # [R] long rows of T to compute logits for; None = all
+    logits_idx: torch.Tensor | None = None
+    # layer indices whose input residual stream to return (EAGLE-3 taps)
+    taps: tuple[int, ...] = ()
+
+
 class TargetModel(ABC):
-    """A causal LM that eyas can speculate on."""
+    """A causal LM that eyas can speculate on: ``run`` a forward described by a ``ForwardMeta``.
+
+    A backend that cannot honour part of a meta (per-row starts, path attention) refuses it with a
+    ValueError naming the backend that can; ``row_starts`` and ``path_attention`` say so up front.
+    """
 
     config: ModelConfig
-    # forward() takes ``start`` as a [B] long tensor too (one committed length per row), so
-    # sequences of different lengths share one batched forward (eyas.batch)
+    # ForwardMeta.start may be a [B] tensor (sequences of different lengths in one forward, eyas.batch)
     row_starts: bool = False
-    # forward() takes ``paths`` (a PathAttention): exact mode is batch-invariant for trees too
+    # ForwardMeta.paths is supported (exact mode for trees)
     path_attention: bool = False
 
     @property
@@ -112,25 +137,24 @@ class TargetModel(ABC):
         """Allocate a cache holding ``max_slots`` positions for ``batch`` rows."""
 
     @abstractmethod
-    def forward(
+    def run(
         self,
         # [B, T] long
         tokens: torch.Tensor,
         # [B, T] long, absolute positions (RoPE)
         positions: torch.Tensor,
         cache,
-        # cached slots before the new tokens: an int, or [B] long when ``row_starts``
-        start: int | torch.Tensor,
-        # [B, T, S] bool, True = may attend; S = kv_len or start + T; None = causal
-        mask: torch.Tensor | None = None,
-        taps: tuple[int, ...] = (),
-        # [R] long rows of T to compute logits for; None = all
-        logits_idx: torch.Tensor | None = None,
-        kv_len: int | None = None,
-        # exact mode (batch of one, ``path_attention`` targets): per-row path attention instead of ``mask``
-        paths: PathAttention | None = None,
+        meta: ForwardMeta,
     ) -> ForwardOutput:
-        """Run T new tokens after ``start`` cached slots."""
+        """Run T new tokens after ``meta.start`` cached slots."""
+
+    def forward(self, tokens, positions, cache, start, mask=None, taps=(), logits_idx=None, kv_len=None,
+                paths=None) -> ForwardOutput:
+        """Keyword form of ``run`` (scripts, tests): the fields of ``ForwardMeta`` as arguments."""
+        if isinstance(paths, PathAttention):
+            paths = [paths]
+        meta = ForwardMeta(start=start, mask=mask, paths=paths, kv_len=kv_len, logits_idx=logits_idx, taps=taps)
+        return self.run(tokens, positions, cache, meta)
 
     @abstractmethod
     def commit(self, cache, start: int, src: torch.Tensor) -> None:

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from eyas.models.base import ForwardOutput, TargetModel, causal_mask
+from eyas.models.base import ForwardMeta, ForwardOutput, TargetModel, causal_mask
 from eyas.models.config import ModelConfig
 
 
@@ -154,15 +154,14 @@ class HFTarget(TargetModel):
         return self.hf.get_output_embeddings()(hidden)
 
     @torch.inference_mode()
-    def forward(
-        self, tokens, positions, cache, start, mask=None, taps=(), logits_idx=None, kv_len=None, paths=None
-    ):
-        """See ``TargetModel.forward``. Mask columns past ``start + T`` are ignored.
+    def run(self, tokens, positions, cache, meta: ForwardMeta) -> ForwardOutput:
+        """See ``TargetModel.run``. Mask columns past ``start + T`` are ignored.
 
         ``kv_len`` only sizes the mask in the native backend; here the forward
         always covers exactly slots ``0 .. start + T``. No path attention (``path_attention`` is False).
         """
-        if paths is not None:
+        start, mask, taps, logits_idx = meta.start, meta.mask, meta.taps, meta.logits_idx
+        if meta.paths is not None:
             raise ValueError("the transformers backend has no path attention; exact mode uses masks here")
         b, t = tokens.shape
         n = start + t

@@ -13,7 +13,7 @@ from torch import nn
 
 from eyas.kv.static import KVCache
 from eyas.models.attention import KV_BLOCK, AttnMeta, attend, round_up
-from eyas.models.base import ForwardOutput, PathAttention, TargetModel, causal_mask
+from eyas.models.base import ForwardMeta, ForwardOutput, TargetModel, causal_mask
 from eyas.models.config import ModelConfig
 from eyas.models.exact import RowFloor, linear
 from eyas.models.layers import (  # noqa: F401  (re-exported: the heads build on these)
@@ -226,28 +226,29 @@ class NativeLlama(nn.Module, TargetModel):
             self._rope = rope_table(self.inv_freq.to(self.device), max(slots, 2 * self._rope.shape[0]))
         return Rope(self._rope, positions, self.dtype)
 
+    forward = TargetModel.forward  # the keyword form (nn.Module's forward placeholder would shadow it)
+
     @torch.inference_mode()
-    def forward(
-        self, tokens, positions, cache, start, mask=None, taps=(), logits_idx=None, kv_len=None, paths=None
-    ):
-        meta = self._meta(tokens, cache, start, mask, kv_len, paths)
-        floors = self.row_floors if paths is not None else None
+    def run(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, meta: ForwardMeta) -> ForwardOutput:
+        attn = self._attn_meta(tokens, cache, meta)
+        floors = self.row_floors if attn.paths is not None else None
         rope = self.rope(positions, cache.max_slots)
         x = self.embed(tokens)
         tapped = {}
         for i, layer in enumerate(self.model.layers):
-            if i in taps:
+            if i in meta.taps:
                 tapped[i] = x
-            x = layer(x, rope, cache, i, meta, floors)
+            x = layer(x, rope, cache, i, attn, floors)
         hidden = rms_norm(x, self.model.norm)
-        rows = hidden if logits_idx is None else hidden[:, logits_idx]
+        rows = hidden if meta.logits_idx is None else hidden[:, meta.logits_idx]
         logits = linear(self.lm_head_proj, rows, floors) if floors is not None else self.lm_head(rows)
         return ForwardOutput(logits=logits.float(), hidden=hidden, taps=tapped)
 
-    def _meta(self, tokens, cache, start, mask, kv_len, paths) -> AttnMeta:
+    def _attn_meta(self, tokens: torch.Tensor, cache: KVCache, meta: ForwardMeta) -> AttnMeta:
+        """What every layer's attention reads: the mask built once, or the per-row paths checked once."""
         b, t = tokens.shape
+        start, mask, kv_len, paths = meta.start, meta.mask, meta.kv_len, meta.paths
         if paths is not None:
-            paths = [paths] if isinstance(paths, PathAttention) else list(paths)
             if len(paths) != b:
                 raise ValueError(f"path attention (exact mode) needs one PathAttention per batch row: {len(paths)} "
                                  f"for a batch of {b}")
