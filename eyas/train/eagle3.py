@@ -29,6 +29,15 @@ from eyas.train.features import FeatureBatch
 class Eagle3LossConfig:
     ttt_steps: int = 7
     decay: float = 0.8  # weight of step k is decay ** k
+    # GRIFFIN-style token-alignable training (arXiv 2502.11018): step k >= 1 at position t counts only
+    # when every earlier step at t had the target's token among its top ``align_topk`` drafts, i.e. a
+    # tree of that top-k could have reached the step; later steps elsewhere teach paths never drafted.
+    # 0 = off (every learnable position counts, EAGLE-3's recipe)
+    align_topk: int = 0
+
+    def __post_init__(self) -> None:
+        if self.ttt_steps < 1 or self.align_topk < 0:
+            raise ValueError(f"ttt_steps must be >= 1 and align_topk >= 0, got {self.ttt_steps}, {self.align_topk}")
 
 
 def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
@@ -138,20 +147,36 @@ class Eagle3Objective:
         total = emb.new_zeros((), dtype=torch.float32)
         stats: dict[str, float] = {}
         draft_tokens = head.draft_ids()
+        reach = torch.ones_like(valid)  # [B, T] every earlier step drafted the target's token (align_topk)
         for k in range(cfg.ttt_steps):
             e = shift_left(emb, 1 + k)
             rope = rope_tables(head.inv_freq, pos + k, dt)
             x = head.midlayer.attn_input(e, hid)
             hid = head.midlayer.finish(hid, attn(x, rope))
-            m = shift_left(valid, 1 + k, False)  # [B, T] position t's step-k label (token t + 2 + k) learnable
+            m = shift_left(valid, 1 + k, False) & reach  # [B, T] position t's step-k label (token t+2+k) counts
             n = m.sum().clamp(min=1)
             logp = F.log_softmax(head.logits(hid[m]).float(), dim=-1)  # [N_k, Vd]
             ce = -(p[shift_left(row, 1 + k, -1)[m]] * logp).sum(-1)  # [N_k]
             step_loss = ce.sum() / n
             total = total + cfg.decay**k * step_loss
             with torch.no_grad():
-                hit = draft_tokens[logp.argmax(-1)] == shift_left(batch.target_tokens, 1 + k)[m]
+                label = shift_left(batch.target_tokens, 1 + k)[m]  # [N_k]
+                hit = draft_tokens[logp.argmax(-1)] == label
                 stats[f"acc{k}"] = float(hit.sum() / n)
                 stats[f"loss{k}"] = float(step_loss.detach())
+                if cfg.align_topk:
+                    reach = _in_top_k(m, logp, draft_tokens, label, cfg.align_topk)
         stats["loss"] = float(total.detach())
         return total, stats
+
+
+def _in_top_k(m: torch.Tensor, logp: torch.Tensor, draft_tokens: torch.Tensor, label: torch.Tensor,
+              k: int) -> torch.Tensor:
+    """[B, T] bool: positions of ``m`` whose label is among the top-k drafts (False off ``m``).
+
+    m: [B, T] bool with N True; logp: [N, Vd] draft log-probs at those positions; label: [N] target ids.
+    """
+    top = draft_tokens[logp.topk(min(k, logp.shape[-1]), dim=-1).indices]  # [N, k] target ids
+    out = torch.zeros_like(m)
+    out[m] = (top == label[:, None]).any(-1)
+    return out

@@ -49,6 +49,7 @@ class TrainConfig:
     grad_clip: float = 0.5
     ttt_steps: int = 7  # eagle3
     decay: float = 0.8  # eagle3 step weights decay ** k
+    align_topk: int = 0  # eagle3: GRIFFIN-style masking of steps a top-k tree cannot reach (0 = off)
     draft_vocab: int = 8192  # eagle3; 0 = full target vocabulary
     medusa_heads: int = 4
     save_every: int = 100

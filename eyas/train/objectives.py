@@ -24,7 +24,8 @@ def build_objective(cfg, target, train_ex: list[Example]):
         _init_from_target(head, target)
         head.coverage = coverage
         scale = _tap_scale(target, head.cfg.aux_layers, train_ex)
-        obj = Eagle3Objective(head.float(), target, Eagle3LossConfig(cfg.ttt_steps, cfg.decay), tap_scale=scale)
+        loss_cfg = Eagle3LossConfig(cfg.ttt_steps, cfg.decay, align_topk=cfg.align_topk)
+        obj = Eagle3Objective(head.float(), target, loss_cfg, tap_scale=scale)
         obj.taps = head.cfg.aux_layers
         return obj
     if cfg.kind == "eagle1":

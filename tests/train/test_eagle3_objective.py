@@ -3,6 +3,7 @@ drafter computes at inference, and the objective learns."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from eyas.drafters.eagle3 import random_eagle3_head
@@ -121,3 +122,35 @@ def test_loss_on_learnable_rows_equals_the_dense_loss(tiny):
     grad = torch.autograd.grad(loss, head.fc.weight)[0]
     ref_grad = torch.autograd.grad(ref, head.fc.weight)[0]
     assert torch.allclose(grad, ref_grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("topk", [64, 96])
+def test_griffin_alignment_masks_steps_an_earlier_miss_cannot_reach(tiny, topk):
+    """align_topk K: step k counts at t only where steps 0..k-1 at t had a learnable label among their
+    top-K drafts (K = 96, the whole draft vocabulary: only where the earlier labels were learnable)."""
+    target = tiny.native("llama", seed=0)
+    head = random_eagle3_head(target.config, draft_vocab_size=96, seed=2).requires_grad_(True)
+    batch = _batch(target, head, n=18, b=3)
+    g = torch.Generator().manual_seed(5)
+    batch.loss_mask = torch.rand(batch.loss_mask.shape, generator=g) < 0.8
+    draft = head.draft_ids()
+    _, plain_stats = Eagle3Objective(head, target, Eagle3LossConfig(ttt_steps=3)).loss(batch)
+    obj = Eagle3Objective(head, target, Eagle3LossConfig(ttt_steps=3, align_topk=topk))
+    loss, stats = obj.loss(batch)
+    p, in_vocab = obj.labels(batch)
+    valid = batch.loss_mask & in_vocab
+    reach, ref, masked, kept = torch.ones_like(valid), torch.zeros(()), [], []
+    for k, out in enumerate(_ttt_outputs(head, target, batch, 3)):  # dense reference
+        logp = torch.log_softmax(head.logits(out).float(), dim=-1)  # [B, T, Vd]
+        m = shift_left(valid, 1 + k, False) & reach
+        masked.append(int((shift_left(valid, 1 + k, False) & ~m).sum()))
+        kept.append(int(m.sum()))
+        step = (-(shift_left(p, 1 + k) * logp).sum(-1) * m).sum() / m.sum().clamp(min=1)
+        assert abs(stats[f"loss{k}"] - float(step)) < 1e-4, k
+        ref = ref + 0.8**k * step
+        top = draft[logp.topk(topk, dim=-1).indices]  # [B, T, K]
+        reach = m & (top == shift_left(batch.target_tokens, 1 + k)[..., None]).any(-1)
+    assert masked[0] == 0 and masked[1] > 0 and masked[2] > 0  # later steps lose what earlier ones missed
+    assert kept[1] > 0  # ... not everything
+    assert torch.allclose(loss, ref, rtol=1e-5, atol=1e-5)
+    assert abs(stats["loss0"] - plain_stats["loss0"]) < 1e-6 and stats["loss2"] != plain_stats["loss2"]
