@@ -66,7 +66,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, la
     qt = q.transpose(1, 2).to(keys.dtype)  # [B, H, T, Dh]
     y = F.scaled_dot_product_attention(qt, keys, values, attn_mask=meta.mask, is_causal=is_causal,
                                        enable_gqa=keys.shape[1] != qt.shape[1])
-    return y.transpose(1, 2).to(q.dtype)
+    return y.to(q.dtype).transpose(1, 2)  # cast first: for T = 1 the transpose is then free (a view)
 
 
 def path_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int,
