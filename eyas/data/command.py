@@ -42,6 +42,9 @@ def add_data_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=64,
                    help="native: rows decoded together; finished rows are refilled with new prompts at once")
     p.add_argument("--prefill-rows", type=int, default=16, help="native: prompts prefilled in one forward")
+    p.add_argument("--max-slots", type=int, default=2048,
+                   help="native: KV-cache slots per row, prompt + answer (memory: batch x slots x ~46 KB for "
+                        "SmolLM2); longer turns get a shorter answer budget")
     p.add_argument("--max-new-tokens", type=int, default=512, help="per assistant turn")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -131,7 +134,8 @@ def _generator(a: argparse.Namespace, magpie=None):
     from eyas.data.generate import GenConfig, NativeGenerator
 
     cfg = GenConfig(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p,
-                    seed=a.seed, batch_size=a.batch_size, prefill_rows=a.prefill_rows)  # validate before loading
+                    seed=a.seed, batch_size=a.batch_size, prefill_rows=a.prefill_rows,
+                    max_slots=a.max_slots)  # validate before loading
     user = magpie.sampling if magpie is not None else None
     return NativeGenerator(eyas.load(model=a.model, drafter="none", dtype=a.dtype), cfg, user_sampling=user)
 

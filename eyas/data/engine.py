@@ -45,11 +45,15 @@ class EngineConfig:
     # row always refills
     refill_at: int | None = None
     slots: int = 512  # initial cache slots per row; the cache grows when a job needs more
+    # most slots per row (caps memory: rows x slots x ~46 KB for SmolLM2's fp32 cache); a job gets at
+    # most max_slots - prompt tokens of budget, and one with no room left is refused like a too-long prompt
+    max_slots: int = 2048
     seed: int | None = None  # sampling: one torch.Generator for the whole run (None: fresh seed)
 
     def __post_init__(self) -> None:
         if self.refill_at is None:
             self.refill_at = max(1, self.batch_size // 8)
+        self.slots = min(self.slots, self.max_slots)
         for name in ("batch_size", "max_new_tokens", "prefill_chunk", "prefill_rows", "refill_at", "slots"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -131,9 +135,9 @@ class RefillEngine:
         self.prefilled = 0  # prompt tokens prefilled (a reused row's tokens are not)
 
     def budget(self, prompt_len: int, max_new_tokens: int | None = None) -> int:
-        """New tokens a prompt of this length may get: max_new_tokens, or less near the context end."""
+        """New tokens a prompt of this length may get: max_new_tokens, or less near the context end / max_slots."""
         cap = max_new_tokens if max_new_tokens is not None else self.cfg.max_new_tokens
-        return min(cap, self.model.config.max_position_embeddings - prompt_len)
+        return min(cap, self.model.config.max_position_embeddings - prompt_len, self.cfg.max_slots - prompt_len)
 
     def generate(self, prompts: Sequence[Sequence[int]]) -> list[Completion]:
         """Decode every prompt (greedy or mode 0); completions in prompt order."""
@@ -240,7 +244,7 @@ class RefillEngine:
         """The cache, grown (rows copied) when a job needs more than ``need`` slots."""
         if need <= cache.max_slots:
             return cache
-        slots = min(max(need, 2 * cache.max_slots), self.model.config.max_position_embeddings)
+        slots = min(max(need, 2 * cache.max_slots), self.model.config.max_position_embeddings, self.cfg.max_slots)
         grown = self.model.new_cache(self.cfg.batch_size, slots)
         if live:
             top = max(live.lens)

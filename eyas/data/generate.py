@@ -31,6 +31,7 @@ class GenConfig:
     prefill_chunk: int = 256  # prompt tokens per row per prefill forward
     prefill_rows: int = 16  # prompts prefilled in one forward
     refill_at: int | None = None  # free rows that trigger a refill (None: batch_size // 8)
+    max_slots: int = 2048  # KV slots per row: prompt + answer (bounds the cache's memory)
 
     def __post_init__(self) -> None:
         if self.window is None:
@@ -47,7 +48,7 @@ class GenConfig:
     def engine(self) -> EngineConfig:
         return EngineConfig(batch_size=self.batch_size, max_new_tokens=self.max_new_tokens,
                             prefill_chunk=self.prefill_chunk, prefill_rows=self.prefill_rows,
-                            refill_at=self.refill_at, seed=self.seed)
+                            refill_at=self.refill_at, max_slots=self.max_slots, seed=self.seed)
 
 
 class NativeGenerator:
@@ -131,7 +132,8 @@ class ConversationJobs:
         ids = self.gen.encode(history_messages(conv, answers))
         if self.gen.engine.budget(len(ids)) < 1:
             self.answers.pop(conv.id)
-            self.sink.skip(conv, f"turn {len(answers) + 1} prompt of {len(ids)} tokens leaves no room in the context")
+            self.sink.skip(conv, f"turn {len(answers) + 1} prompt of {len(ids)} tokens leaves no room in the context "
+                                 f"(or --max-slots)")
             return None
         return Job(conv, ids)
 

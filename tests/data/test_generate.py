@@ -187,6 +187,16 @@ def test_context_end_caps_the_budget(spec) -> None:
     assert out[1].token_ids == plain(spec, short, 32)
 
 
+def test_max_slots_caps_the_budget_and_the_cache(spec) -> None:
+    long_prompt, short = prompts(spec, (30, 3))
+    eng = engine(spec, max_new_tokens=32, max_slots=len(long_prompt) + 6, slots=8)
+    out = eng.generate([long_prompt, short])
+    assert out[0].token_ids == plain(spec, long_prompt, 6) and out[0].finish_reason == "length"
+    assert out[1].token_ids == plain(spec, short, 32)
+    with pytest.raises(ValueError, match="room"):
+        engine(spec, max_slots=len(long_prompt)).generate([long_prompt])
+
+
 def test_sampling_is_seeded(spec) -> None:
     ps = prompts(spec, (3, 9))
 
