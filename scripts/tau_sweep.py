@@ -39,6 +39,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--run", action="append", required=True)
     ap.add_argument("--json", default=None, help="append one JSON line per run to this file")
+    ap.add_argument("--check-identity", action="store_true",
+                    help="also decode plainly (same numerics mode) and count outputs identical to it")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     import eyas
@@ -52,11 +54,13 @@ def main() -> None:
         if target is None:
             target = eyas.load(drafter="none", dtype=a.dtype).target
         spec = Speculator(target, DrafterSpec(name, tree=tree, options=options))
-        steps = acc = 0
+        steps = acc = same = 0
         per_pos: list[int] = []
         t0 = time.perf_counter()
         for q in qs:
             out = spec.generate(q, max_new_tokens=a.max_new_tokens)
+            if a.check_identity:
+                same += spec.generate(q, max_new_tokens=a.max_new_tokens, speculate=False).token_ids == out.token_ids
             steps, acc = steps + out.steps, acc + out.accepted
             new = out.accepted_per_pos
             width = max(len(per_pos), len(new))
@@ -66,6 +70,8 @@ def main() -> None:
         rec = {"run": run, "nodes": nodes, "tau": round(1 + acc / max(steps, 1), 4), "steps": steps,
                "accepted": acc, "accepted_per_pos": per_pos, "questions": len(qs), "dtype": a.dtype,
                "max_new_tokens": a.max_new_tokens, "seconds": round(time.perf_counter() - t0, 1)}
+        if a.check_identity:
+            rec["identical"] = f"{same}/{len(qs)}"
         print(json.dumps(rec), flush=True)
         if a.json:
             with open(a.json, "a") as f:
