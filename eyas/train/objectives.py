@@ -33,12 +33,15 @@ def build_objective(cfg, target, train_ex: list[Example]):
         from eyas.models.config import ModelConfig
         from eyas.train.eagle1 import Eagle1Objective
 
-        head = EagleHead(ModelConfig(**{**tc.__dict__, "num_layers": 1}))
+        # no fc bias: vLLM builds fc without one (and reads a config "bias" as attention bias)
+        head = EagleHead(ModelConfig(**{**tc.__dict__, "num_layers": 1}), bias=False)
         return Eagle1Objective(head.float(), target)
     if cfg.kind == "medusa":
+        from eyas.formats.verifier import resolve_verifier
         from eyas.train.medusa_loss import MedusaLossConfig, MedusaObjective
 
-        obj = MedusaObjective(target, MedusaLossConfig(num_heads=cfg.medusa_heads), target_name=cfg.model or "")
+        name = resolve_verifier(cfg.model or "embedded").name_or_path  # what engines resolve (a hub id or a dir)
+        obj = MedusaObjective(target, MedusaLossConfig(num_heads=cfg.medusa_heads), target_name=name)
         obj.taps = ()
         return obj
     raise ValueError(f"unknown drafter kind {cfg.kind!r} to train; choose eagle3, eagle1 or medusa")
@@ -120,5 +123,6 @@ def export_head(cfg, objective, loaded, out: Path) -> None:
         from eyas.formats.eagle1 import save_eagle1
 
         save_eagle1(head, out, target_name=name)
+        save_eagle1(head, out.with_name(out.name + "_vllm"), target_name=name, layout="vllm")  # vLLM's layout
     else:
         objective.save(out)

@@ -105,3 +105,13 @@ def test_other_kinds_train_export_and_draft_losslessly(data, tmp_path, capsys, k
     assert main(["generate", QUESTIONS[1], "--drafter", str(head), *common]) == 0
     spec = json.loads(capsys.readouterr().out)
     assert spec["token_ids"] == plain["token_ids"]
+    cfg = json.loads((head / "config.json").read_text())
+    if kind == "eagle1":  # issue 13 defect 3: vLLM's layout beside the reference one, with no fc bias
+        from safetensors import safe_open
+
+        vllm = out / "head_vllm"
+        with safe_open(str(next(vllm.glob("*.safetensors"))), "pt") as f:
+            assert not any(k.endswith("fc.bias") for k in f.keys())
+        assert json.loads((vllm / "config.json").read_text()).get("bias", False) is False
+    else:  # issue 13 defect 7: the embedded target is named as engines resolve it
+        assert cfg["base_model_name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
