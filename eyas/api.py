@@ -78,6 +78,8 @@ class Speculator:
         # exact (batch-invariant) verification is on by default below fp32, where a token's
         # logits otherwise depend on how many tokens share its forward
         self.exact = exact if exact is not None else target.model.dtype != torch.float32
+        if self.exact and hasattr(target.model, "prepare_exact"):
+            target.model.prepare_exact()  # row-floor probes at load, not inside the first timed generation
         self.tree_choice = None  # eyas.autotree's TreeChoice when load() sized the tree to this machine
 
     def encode(self, prompt: Prompt, chat: bool = True) -> torch.Tensor:

@@ -12,6 +12,11 @@ row count up to ``MAX_ROWS`` agrees; the forward pads smaller inputs up to it (`
 
 from __future__ import annotations
 
+import json
+import os
+import platform
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -42,21 +47,66 @@ def row_floor(mod: nn.Module, max_rows: int = MAX_ROWS) -> int:
 
 
 class RowFloor:
-    """Probe results per (shape, dtype, device, threads): the row count each linear is padded to in exact mode."""
+    """Probe results per (shape, dtype, device, threads): the row count each linear is padded to in exact mode.
 
-    def __init__(self) -> None:
+    CPU results are also kept on disk (``$EYAS_CACHE/row_floors.json``, keyed by CPU model, torch
+    version, threads, layer type, shape and dtype: what the kernel choice depends on), so a load
+    after the first skips the probes (about a second for SmolLM2).
+    """
+
+    def __init__(self, store: Path | None = None) -> None:
         self._seen: dict[tuple, int] = {}
+        self.store = store if store is not None else default_store()
 
     def __call__(self, mod: nn.Module) -> int:
         w = mod.weight
         key = (tuple(w.shape), w.dtype, w.device, mod.bias is not None, torch.get_num_threads(), type(mod).__name__)
         if key not in self._seen:
-            self._seen[key] = row_floor(mod)
+            disk = _disk_key(key) if w.device.type == "cpu" else None
+            known = self._load().get(disk) if disk else None
+            self._seen[key] = known if isinstance(known, int) else row_floor(mod)
+            if disk and known is None:
+                self._save(disk, self._seen[key])
         return self._seen[key]
+
+    def _load(self) -> dict:
+        try:
+            return json.loads(self.store.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _save(self, key: str, floor: int) -> None:
+        try:
+            data = {**self._load(), key: floor}
+            self.store.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.store.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+            tmp.replace(self.store)
+        except OSError:
+            pass  # a read-only cache only costs the probe next time
 
     def table(self) -> dict[str, int]:
         """{"NxK dtype threads": floor} for reports."""
         return {f"{k[0][0]}x{k[0][1]} {str(k[1]).removeprefix('torch.')} t{k[4]}": v for k, v in self._seen.items()}
+
+
+def default_store() -> Path:
+    return Path(os.environ.get("EYAS_CACHE", Path.home() / ".cache" / "eyas")) / "row_floors.json"
+
+
+def _cpu_model() -> str:
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown"
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "unknown")
+    flags = set(info.split())
+    return name + "".join(f"+{f}" for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags)
+
+
+def _disk_key(key: tuple) -> str:
+    shape, dtype, _, bias, threads, kind = key
+    return f"{_cpu_model()}|torch {torch.__version__}|t{threads}|{kind}|{shape[0]}x{shape[1]}|{dtype}|bias={bias}"
 
 
 def linear(mod: nn.Module, x: torch.Tensor, floors: RowFloor | None) -> torch.Tensor:

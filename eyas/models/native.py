@@ -212,6 +212,13 @@ class NativeLlama(nn.Module, TargetModel):
             return self.lm_head_proj(hidden)
         return vocab_logits(self.lm_head_proj, hidden)
 
+    def prepare_exact(self) -> dict[str, int]:
+        """Probe every projection's row floor now (about a second) rather than inside the first exact forward."""
+        for mod in self.modules():
+            if isinstance(mod, nn.Linear) or hasattr(mod, "scales"):
+                self.row_floors(mod)
+        return self.row_floors.table()
+
     def quantize_(self, mode: str) -> None:
         """``int8``: weight-only int8 projections (eyas.models.quant); changes the model's outputs."""
         if mode not in QUANTIZE_CHOICES:
