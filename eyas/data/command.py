@@ -58,6 +58,9 @@ def add_data_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="native: weights dtype (auto: bfloat16 where bf16 matmuls are native, a GPU or a CPU "
                         "with AVX512-BF16/AMX, else float32: bf16 GEMM cost there grows with the batch rows)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="native: torch CPU threads (default: torch's choice, one per core). On a CPU shared with "
+                        "other jobs, 1 avoids OpenMP threads spinning while their peers wait for a core")
     p.add_argument("--endpoint", default=None,
                    help="generate through an OpenAI-compatible server instead, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--api-model", default=None, help="--endpoint: model name (default: first of /v1/models)")
@@ -130,8 +133,15 @@ def _generator(a: argparse.Namespace, magpie=None):
                            max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p,
                            seed=a.seed)
         return RemoteGenerator(cfg)
+    import torch
+
     import eyas
     from eyas.data.generate import GenConfig, NativeGenerator
+
+    if a.threads is not None:
+        if a.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {a.threads}")
+        torch.set_num_threads(a.threads)
 
     cfg = GenConfig(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p,
                     seed=a.seed, batch_size=a.batch_size, prefill_rows=a.prefill_rows,

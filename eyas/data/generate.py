@@ -65,18 +65,22 @@ class NativeGenerator:
             )
         self.stop_ids = tuple(stop_ids) if stop_ids is not None else spec.stop_ids()
         # mode 0: assistant answers; mode 1: user turns the target writes itself (Magpie)
+        self.user_sampling = user_sampling
         modes = [cfg.sampling] + ([user_sampling] if user_sampling is not None else [])
         self.engine = RefillEngine(spec.target.model, self.stop_ids, cfg.engine(), modes)
 
     def describe(self) -> dict:
         """Provenance stored with every output line."""
-        c = self.cfg
-        return {
+        c, u = self.cfg, self.user_sampling
+        out = {
             "backend": "eyas-native", "model": str(self.spec.target.name),
             "dtype": str(self.spec.target.model.dtype).removeprefix("torch."),
             "max_new_tokens": c.max_new_tokens, "temperature": c.temperature, "top_p": c.top_p,
             "seed": c.seed,
         }
+        if u is not None:  # Magpie: how the user requests were sampled
+            out.update(user_temperature=u.temperature, user_top_p=u.top_p)
+        return out
 
     def run(self, convs: Sequence[Conversation], sink: Sink, extra=None) -> None:
         """Regenerate every conversation (and run ``extra``, e.g. a ``MagpieJobs``, in the same batch)."""

@@ -44,10 +44,18 @@ def add_train_parser(sub) -> None:
     p.add_argument("--feature-cache", default=None,
                    help="directory of offline target features (`eyas train-cache`); default: target in the loop")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: one per core; 1 on a CPU shared with other jobs)")
     p.set_defaults(func=cmd_train)
 
 
 def cmd_train(a: argparse.Namespace) -> int:
+    if a.threads is not None:
+        if a.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {a.threads}")
+        import torch
+
+        torch.set_num_threads(a.threads)
     if a.batch_tokens < a.max_len:
         raise ValueError(f"--batch-tokens ({a.batch_tokens}) must be >= --max-len ({a.max_len})")
     cfg = TrainConfig(

@@ -78,6 +78,7 @@ def test_duplicates_and_empty_requests_are_drawn_again(spec, tmp_path) -> None:
     out.close()
     rec = json.loads(out.path.read_text())
     assert rec["id"] == f"magpie:{prompt_key('w3 w4')}" and rec["source"] == "magpie"
+    assert rec["generator"]["user_temperature"] == 1.0 and rec["generator"]["temperature"] == 0.0
     assert rec["messages"] == [{"role": "user", "content": "w3 w4"}, {"role": "assistant", "content": "w9"}]
     assert jobs.written == 2 and jobs.remaining == 1
 
