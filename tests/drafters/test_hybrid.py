@@ -136,6 +136,34 @@ def test_fork_has_its_own_head_state(target):
     assert run(target, a, p1)[0] == r1 and run(target, b, p2)[0] == r2
 
 
+def test_batched_rows_with_cut_trees_equal_plain(tiny):
+    """eyas serve's path: forked hybrid drafters per row, the load policy cutting trees (ranked nodes)."""
+    from eyas.batch import BatchDecoder
+    from eyas.policy import CostTable, PolicyConfig, SpecPolicy
+
+    target = tiny.native("llama", seed=0)
+    drafter = hybrid(target, budget=9)
+    policy = SpecPolicy(9, PolicyConfig(min_observations=2), CostTable({1: 1.0, 2: 1.0, 4: 1.1, 8: 3.0, 32: 20.0}))
+
+    def make(speculate=True, max_new_tokens=24, **kw):
+        return SpecDecoder(target, drafter.fork() if speculate else None,
+                           DecodeConfig(max_new_tokens=max_new_tokens, **kw))
+
+    batch = BatchDecoder(target, make, 3, policy, drafter.taps, initial_slots=16)
+    prompts = {i: prompt_ids(n, seed=10 + i) for i, n in enumerate((7, 30, 12))}
+    out = {k: [] for k in prompts}
+    for k, p in prompts.items():
+        out[k] += batch.add(k, p).tokens.tolist()
+    while len(batch):
+        for k, ev in batch.step():
+            out[k] += ev.tokens.tolist()
+            if ev.finished:
+                batch.remove(k)
+    for k, p in prompts.items():
+        assert out[k] == run(target, None, p, 24)[0], k
+    assert policy.curve.seen[9] >= 2
+
+
 # ---- sampling ---------------------------------------------------------------------------------------
 def test_sampling_is_deterministic_per_seed(target):
     p = prompt_ids(7, seed=6)
