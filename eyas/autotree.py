@@ -129,9 +129,25 @@ def machine_costs(target: LoadedTarget, head_dir: Path, exact: bool) -> tuple[di
     return cost, draft
 
 
+def weights_digest(head_dir: Path) -> str:
+    """sha256 (first 16 hex digits) of the head's weight files: a profile belongs to one set of weights."""
+    h = hashlib.sha256()
+    for f in sorted(head_dir.glob("*.safetensors")):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def load_profile(head_dir: Path) -> AcceptanceProfile | None:
+    """The head's profile.json, or None when it has none or it was measured for other weights (a retrained head)."""
     f = head_dir / "profile.json"
-    return AcceptanceProfile(json.loads(f.read_text())["rank_accept"]) if f.exists() else None
+    if not f.exists():
+        return None
+    d = json.loads(f.read_text())
+    if d.get("weights") not in (None, weights_digest(head_dir)):
+        print(f"eyas: {f} was measured for other weights; using the head's recommended tree "
+              "(re-run scripts/acceptance_profile.py)", file=sys.stderr)
+        return None
+    return AcceptanceProfile(d["rank_accept"])
 
 
 def head_dir_of(target: LoadedTarget, spec: DrafterSpec) -> Path | None:

@@ -60,6 +60,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="default: HEAD/profile.json")
     a = ap.parse_args()
     import eyas
+    from eyas.autotree import weights_digest
     from eyas.formats.eagle3 import load_eagle3
 
     spec = eyas.load(drafter="none", dtype=a.dtype)
@@ -85,6 +86,7 @@ def main() -> None:
     out = Path(a.out or Path(a.head) / "profile.json")
     out.write_text(json.dumps({
         "rank_accept": [[round(p, 4) for p in row] for row in profile],
+        "weights": weights_digest(Path(a.head)),  # eyas.autotree ignores the profile once the weights change
         "positions_per_depth": seen.long().tolist(),
         "measured_on": f"{len(qs)} questions of {a.questions}, {a.max_new_tokens} greedy tokens, target {a.dtype}",
         "command": "python scripts/acceptance_profile.py --head HEAD --questions tune.jsonl "

@@ -155,3 +155,12 @@ def test_policy_endpoint_shows_the_choice(default_target, fake_costs):
         assert server.policy_view()["tree_choice"] == spec.tree_choice.to_dict()
     finally:
         server.engine.close()
+
+
+def test_a_profile_measured_for_other_weights_is_ignored(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"weights v1")
+    f = tmp_path / "profile.json"
+    f.write_text(json.dumps({"rank_accept": PROFILE, "weights": autotree.weights_digest(tmp_path)}))
+    assert autotree.load_profile(tmp_path) == AcceptanceProfile(PROFILE)
+    (tmp_path / "model.safetensors").write_bytes(b"weights v2, retrained")
+    assert autotree.load_profile(tmp_path) is None
