@@ -137,6 +137,13 @@ def weights_digest(head_dir: Path) -> str:
     return h.hexdigest()[:16]
 
 
+def hybrid_extra_tau(head_dir: Path) -> dict[int, float] | None:
+    """τ the hybrid drafter's lookup adds to the head's tree, by nodes (profile.json ``hybrid_extra_tau``)."""
+    f = head_dir / "profile.json"
+    extra = json.loads(f.read_text()).get("hybrid_extra_tau") if f.exists() else None
+    return {int(n): float(t) for n, t in extra.items()} if extra else None
+
+
 def load_profile(head_dir: Path) -> AcceptanceProfile | None:
     """The head's profile.json, or None when it has none or it was measured for other weights (a retrained head)."""
     f = head_dir / "profile.json"
@@ -178,4 +185,5 @@ def size_tree_for(target: LoadedTarget, spec: DrafterSpec, exact: bool | None = 
         return None
     exact = target.model.dtype != torch.float32 if exact is None else exact
     cost, draft = machine_costs(target, head_dir, exact)
-    return choose_tree(cost, draft, profile, max_nodes=max_nodes)
+    extra = hybrid_extra_tau(head_dir) if spec.name == "hybrid" else None
+    return choose_tree(cost, draft, profile, max_nodes=max_nodes, extra_tau=extra)

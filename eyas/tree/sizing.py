@@ -21,6 +21,8 @@ probabilities never grow along a path). ``predicted_tau`` mirrors exactly that.
 
 and the choice maximises ``tau / step`` over ``top_k <= max_top_k``, ``depth <= len(profile)``,
 ``total + 1 <= max_nodes``. Plain decoding makes ``1 / forward(1)`` tokens/s, reported alongside.
+A second source sharing the tree (the hybrid drafter's lookup chains) adds its measured
+``extra_tau(total + 1)`` to tau.
 """
 
 from __future__ import annotations
@@ -122,7 +124,8 @@ def predicted_tau(profile: AcceptanceProfile, top_k: int, depth: int, total: int
 
 
 def choose_tree(cost: dict[int, float], draft: DraftCost, profile: AcceptanceProfile,
-                max_top_k: int = 8, max_nodes: int | None = None) -> TreeChoice:
+                max_top_k: int = 8, max_nodes: int | None = None,
+                extra_tau: dict[int, float] | None = None) -> TreeChoice:
     """The (top_k, depth, total) with the most predicted tokens/s.
 
     Args:
@@ -132,6 +135,8 @@ def choose_tree(cost: dict[int, float], draft: DraftCost, profile: AcceptancePro
         profile: the head's acceptance by depth and rank.
         max_top_k: largest top-k tried.
         max_nodes: largest tree tried, root included (default: the largest measured width).
+        extra_tau: tokens per step added by another source sharing the tree, by its node count
+            (the hybrid drafter's lookup chains, measured), interpolated; None: the head alone.
     """
     max_nodes = max_nodes or max(cost)
     best: tuple[float, int, int, int, float, float] | None = None
@@ -143,10 +148,10 @@ def choose_tree(cost: dict[int, float], draft: DraftCost, profile: AcceptancePro
             for total, pr in enumerate(probs[: max_nodes - 1], start=1):
                 tau += pr
                 step = interpolate(cost, total + 1) + drafting
-                rate = tau / step
+                rate = (tau + (interpolate(extra_tau, total + 1) if extra_tau else 0.0)) / step
                 # strictly better only: loops run small to large, so ties keep the smaller tree
                 if best is None or rate > best[0] * (1 + 1e-9):
-                    best = (rate, k, depth, total, tau, step)
+                    best = (rate, k, depth, total, rate * step, step)
     if best is None:
         raise ValueError(f"no tree fits max_nodes={max_nodes}")
     rate, k, depth, total, tau, step = best

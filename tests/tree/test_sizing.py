@@ -107,3 +107,15 @@ def test_bad_profiles():
         AcceptanceProfile([[0.8, 0.5]])
     with pytest.raises(ValueError):
         AcceptanceProfile([[-0.1]])
+
+
+def test_extra_tau_of_a_second_source_counts_and_can_grow_the_tree():
+    draft = DraftCost(per_step=0.004, per_level=0.003, per_node=0.0002)
+    alone = choose_tree(BF16, draft, REAL, max_nodes=33)
+    extra = {1: 0.0, 8: 0.5, 33: 6.0}  # grows with the nodes it shares (hybrid lookup chains)
+    both = choose_tree(BF16, draft, REAL, max_nodes=33, extra_tau=extra)
+    assert both.total_tokens > alone.total_tokens
+    n = both.total_tokens + 1
+    head = predicted_tau(REAL, both.top_k, both.depth, both.total_tokens)
+    assert both.predicted_tau == pytest.approx(head + interpolate(extra, n))
+    assert choose_tree(BF16, draft, REAL, max_nodes=33, extra_tau=None) == alone
