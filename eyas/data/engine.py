@@ -30,7 +30,7 @@ from typing import Protocol
 import torch
 
 from eyas.kv.static import KVCache
-from eyas.models.base import TargetModel
+from eyas.models.base import ForwardMeta, TargetModel
 from eyas.types import SamplingParams
 from eyas.verify import logits_to_probs, sample
 
@@ -297,7 +297,8 @@ class RefillEngine:
     def _forward(self, tokens, positions, cache, start, mask, kv_len, logits_idx=None):
         """The one call into the target (tokens [b, T], positions [b, T], mask [b, T, S])."""
         self.forwards += 1
-        return self.model.forward(tokens, positions, cache, start, mask=mask, logits_idx=logits_idx, kv_len=kv_len)
+        meta = ForwardMeta(start=start, mask=mask, kv_len=kv_len, logits_idx=logits_idx)
+        return self.model.run(tokens, positions, cache, meta)
 
 
 def _stash(cache: KVCache, row: int, held: list[int], prompt: list[int]) -> _Stash | None:
