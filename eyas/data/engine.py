@@ -83,8 +83,8 @@ class Jobs(Protocol):
     def done(self, job: Job, completion: Completion) -> Job | None:
         """A job finished; may return a follow-up job (the next turn of its conversation).
 
-        When the follow-up's prompt extends the finished row's tokens, the row's keys/values are
-        reused and only the new tokens are prefilled.
+        The finished row's keys/values over the prompt's common prefix with the row's tokens are
+        reused and only the rest of the prompt is prefilled.
         """
 
 
@@ -302,10 +302,19 @@ class RefillEngine:
 
 
 def _stash(cache: KVCache, row: int, held: list[int], prompt: list[int]) -> _Stash | None:
-    """A copy of the row's keys/values when ``prompt`` extends the ``held`` tokens, else None."""
-    if len(prompt) <= len(held) or prompt[: len(held)] != held:
-        return None  # e.g. the answer text re-tokenizes differently: the follow-up is prefilled whole
-    c = len(held)
+    """A copy of the row's keys/values over the longest common prefix of ``held`` and ``prompt``.
+
+    Causal attention: a slot's keys/values depend only on the tokens up to it, so the common prefix
+    is exact to reuse even where the follow-up diverges later (e.g. an answer whose text re-tokenizes
+    differently, or a request whose surrounding whitespace was stripped). None when nothing is shared.
+    """
+    c = 0
+    for a, b in zip(held, prompt[:-1], strict=False):  # keep >= 1 token to feed: it gives the logits
+        if a != b:
+            break
+        c += 1
+    if c == 0:
+        return None
     return _Stash(cache.k[:, row, :, :c].clone(), cache.v[:, row, :, :c].clone())
 
 

@@ -107,8 +107,8 @@ def test_batched_equals_unbatched_greedy(spec, cfg) -> None:
 
 
 class _Turns:
-    """Two-turn jobs: turn 2's prompt is turn 1's prompt + answer + a few tokens (a reused row), or,
-    for odd keys, not an extension of it (prefilled whole)."""
+    """Two-turn jobs: turn 2's prompt is turn 1's prompt + answer + a few tokens (key % 3 == 0: the
+    row is reused), shares nothing with it (1: prefilled whole), or shares its first 3 tokens (2)."""
 
     def __init__(self, spec, ps) -> None:
         self.spec, self.todo, self.results = spec, [Job((i, 0), p) for i, p in enumerate(ps)], {}
@@ -122,7 +122,8 @@ class _Turns:
         if turn == 1:
             return None
         extra = [spec_word(7 + i), spec_word(9)]
-        prompt = job.prompt + comp.token_ids + extra if i % 2 == 0 else [spec_word(5)] + job.prompt + extra
+        prompt = [job.prompt + comp.token_ids + extra, [spec_word(5)] + job.prompt + extra,
+                  job.prompt[:3] + [spec_word(250 - i)] + extra][i % 3]
         return Job((i, 1), prompt, max_new_tokens=6 + i)
 
 
@@ -141,9 +142,10 @@ def test_follow_up_continues_in_its_row(spec, cfg) -> None:
     for (i, turn), (prompt, comp) in jobs.results.items():
         assert comp.token_ids == plain(spec, prompt, 10 if turn == 0 else 6 + i), (i, turn)
     fresh = sum(len(p) for p, _ in (jobs.results[(i, 0)] for i in range(len(ps))))
-    odd = sum(len(jobs.results[(i, 1)][0]) for i in range(1, len(ps), 2))
-    # even keys fed only the answer's last token and the extra ones: the row's keys/values were reused
-    assert eng.prefilled == fresh + odd + sum(1 + 2 for _ in range(0, len(ps), 2))
+    second = [len(jobs.results[(i, 1)][0]) for i in range(len(ps))]
+    # key % 3 == 0 fed only the answer's last token and the 2 extra ones (the row was reused), 1 all of
+    # its prompt, 2 all but the 3 shared tokens
+    assert eng.prefilled == fresh + sum([3, n, n - 3][i % 3] for i, n in enumerate(second))
 
 
 class _Jobs:
