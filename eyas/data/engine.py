@@ -65,6 +65,9 @@ class Job:
     prompt: list[int]  # token ids, >= 1
     mode: int = 0  # index into the engine's sampling modes
     max_new_tokens: int | None = None  # None: the engine's max_new_tokens
+    # the same prompt recurs (Magpie's user prefix): its keys/values are kept after the first prefill
+    # and copied into later rows, which then feed only its last token
+    shared: bool = False
 
 
 @dataclass
@@ -152,6 +155,7 @@ class RefillEngine:
         cache = self.model.new_cache(self.cfg.batch_size, self.cfg.slots)
         logits = None  # [n, V] float32: next-token logits of every live row
         pending: deque[tuple[Job, _Stash | None]] = deque()  # follow-up jobs first, before new ones
+        self._shared: dict[tuple[int, ...], _Stash] = {}  # shared prompts' keys/values (all but the last token)
         while True:
             cache, logits = self._refill(live, jobs, pending, cache, logits)
             if not live:
@@ -212,6 +216,8 @@ class RefillEngine:
             job = item[0]
             if job is None:
                 break
+            if item[1] is None and job.shared:
+                item = (job, self._shared.get(tuple(job.prompt)))
             if not job.prompt or self.budget(len(job.prompt), job.max_new_tokens) < 1:
                 raise ValueError(f"job {job.key!r}: every prompt needs >= 1 token and room for >= 1 new token "
                                  f"in the context")
@@ -233,6 +239,10 @@ class RefillEngine:
                     rows.v[:, i, :, : st.tokens] = st.v
             held = [st.tokens if st is not None else 0 for _, st in group]
             parts.append(self._prefill([j.prompt for j, _ in group], held, rows))
+            for i, (j, _) in enumerate(group):
+                if j.shared and len(j.prompt) > 1 and tuple(j.prompt) not in self._shared:
+                    c = len(j.prompt) - 1
+                    self._shared[tuple(j.prompt)] = _Stash(rows.k[:, i, :, :c].clone(), rows.v[:, i, :, :c].clone())
             for j, _ in group:
                 live.jobs.append(j)
                 live.out.append([])

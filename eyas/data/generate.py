@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from eyas.data.engine import Completion, EngineConfig, Job, RefillEngine
 from eyas.data.output import Sink, TurnAnswer, history_messages
@@ -152,13 +152,13 @@ class _Chain:
         for i, s in enumerate(self.schedulers):
             job = s.next_job()
             if job is not None:
-                return Job(_Owned(i, job), job.prompt, job.mode, job.max_new_tokens)
+                return replace(job, key=_Owned(i, job))
         return None
 
     def done(self, job: Job, comp: Completion) -> Job | None:
         owner = job.key.owner
         follow = self.schedulers[owner].done(job.key.job, comp)
-        return None if follow is None else Job(_Owned(owner, follow), follow.prompt, follow.mode, follow.max_new_tokens)
+        return None if follow is None else replace(follow, key=_Owned(owner, follow))
 
 
 @dataclass

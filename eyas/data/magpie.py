@@ -93,7 +93,7 @@ class MagpieJobs:
         if in_flight >= self.remaining or self.rejects > self.cfg.max_rejects:
             return None
         self.drawing += 1
-        return Job(None, self.prefix, mode=1, max_new_tokens=self.cfg.max_user_tokens)
+        return Job(None, self.prefix, mode=1, max_new_tokens=self.cfg.max_user_tokens, shared=True)
 
     def done(self, job: Job, comp: Completion) -> Job | None:
         """A drawn request -> its answer job (the follow-up, continuing the request's row) or None."""

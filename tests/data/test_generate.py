@@ -148,6 +148,17 @@ def test_follow_up_continues_in_its_row(spec, cfg) -> None:
     assert eng.prefilled == fresh + sum([3, n, n - 3][i % 3] for i, n in enumerate(second))
 
 
+def test_shared_prompt_is_prefilled_once(spec) -> None:
+    p = prompts(spec, (9,))[0]
+    eng = engine(spec, batch_size=2, refill_at=1, prefill_rows=1, max_new_tokens=5)
+    jobs = _Jobs([Job(i, p, shared=True, max_new_tokens=3 + i) for i in range(5)])
+    eng.run(jobs)
+    for i in range(5):
+        assert jobs.results[i].token_ids == plain(spec, p, 3 + i)
+    # the first two rows prefill it whole (one forward each, before any copy exists), later rows feed 1 token
+    assert eng.prefilled == 2 * len(p) + 3
+
+
 class _Jobs:
     def __init__(self, jobs) -> None:
         self.todo, self.results, self.issued = list(jobs), {}, 0
