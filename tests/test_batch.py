@@ -260,3 +260,11 @@ def test_bf16_exact_concurrent_rows_equal_drafter_none(tiny, drafter):
     got = run_batch(make_batch(target, d, max_batch=3, exact=True), jobs, {0: 0, 1: 0, 2: 2, 3: 4})
     for k, (prompt, params) in jobs.items():
         assert got[k] == solo(target, None, prompt, params["max_new_tokens"], exact=True), k
+
+
+def test_bf16_rows_without_exact_mode_write_the_fp32_cache(tiny):
+    """Per-row cache writes (start a [B] tensor) from a bf16 model into its fp32 CPU cache."""
+    target = tiny.native("llama", seed=0).to(torch.bfloat16)
+    jobs = {i: (prompt_ids(p, seed=20 + i), {"max_new_tokens": 12}) for i, p in enumerate((9, 17))}
+    got = run_batch(make_batch(target, ngram(), max_batch=2, exact=False), jobs)
+    assert all(len(v) == 12 for v in got.values())

@@ -68,8 +68,9 @@ class KVCache:
             rows = torch.arange(k_new.shape[0], device=start.device)[:, None]  # [B, 1]
             slots = start[:, None] + torch.arange(t, device=start.device)  # [B, T]
             # advanced indices around a slice put [B, T] first: [B, T, Hk, Dh]
-            self.k[layer][rows, :, slots] = k_new.transpose(1, 2)
-            self.v[layer][rows, :, slots] = v_new.transpose(1, 2)
+            # index_put needs matching dtypes (a bf16 model keeps an fp32 cache on CPU)
+            self.k[layer][rows, :, slots] = k_new.transpose(1, 2).to(self.k.dtype)
+            self.v[layer][rows, :, slots] = v_new.transpose(1, 2).to(self.v.dtype)
         return self.k[layer, :, :, :kv_len], self.v[layer, :, :, :kv_len]
 
     def rows(self, lo: int, hi: int) -> KVCache:
