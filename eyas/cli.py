@@ -132,7 +132,10 @@ def _drafter_label(spec, a: argparse.Namespace) -> str:
     from eyas.drafters.loading import default_drafter_name
 
     dtype = str(spec.target.model.dtype).removeprefix("torch.")
-    return f"default ({Path(default_drafter_name(spec.target)).name}, dtype {dtype})"
+    name = default_drafter_name(spec.target)
+    head = getattr(getattr(spec.drafter, "head", None), "path", None)
+    what = "hybrid: shipped head + prompt lookup" if name == "hybrid" else Path(name).name
+    return f"default ({what}, dtype {dtype})" if head is None else f"default ({what}, {Path(head).name}, dtype {dtype})"
 
 
 def _plain_summary(spec, a: argparse.Namespace, params: dict, out) -> dict:

@@ -26,9 +26,12 @@ def head_dir(default_target):
     return d
 
 
-def test_default_drafter_of_the_embedded_model_is_the_shipped_head(default_target, head_dir):
+def test_default_drafter_of_the_embedded_model_is_the_hybrid_over_the_shipped_head(default_target, head_dir):
+    from eyas.drafters.hybrid import HybridDrafter
+
     spec = eyas.load(drafter="default", dtype="float32")
-    assert isinstance(spec.drafter, Eagle3Drafter)
+    assert isinstance(spec.drafter, HybridDrafter)
+    assert isinstance(spec.drafter.head, Eagle3Drafter)  # the shipped head drafts the tree lookup joins
     assert recommended_tree(head_dir) is not None
 
 
