@@ -106,7 +106,9 @@ def machine_key(target: LoadedTarget, head_dir: Path, exact: bool) -> dict:
         pass
     return {"cpu": cpu, "torch": torch.__version__, "threads": torch.get_num_threads(), "target": target.name,
             "dtype": str(target.model.dtype), "device": str(target.model.device), "exact": exact,
-            "head": head_dir.name, "widths": list(WIDTHS)}
+            "head": head_dir.name, "widths": list(WIDTHS),
+            # int8 projections cost differently by width (eyas.models.quant): a separate table
+            "quantized": sorted({type(m).__name__ for m in target.model.modules() if hasattr(m, "scales")})}
 
 
 def machine_costs(target: LoadedTarget, head_dir: Path, exact: bool) -> tuple[dict, DraftCost]:
