@@ -181,21 +181,24 @@ class SpecDecoder:
             )
         self.stats = StepStats()
         cache = cache if cache is not None else self.target.new_cache(1, budget)
-        outs, size = [], self.cfg.prefill_chunk
+        mirror = self._new_mirror(cache, budget)
+        if self.drafter is not None:
+            self.drafter.start(budget)
+        size = self.cfg.prefill_chunk
         for s in range(0, t, size):
             if s:
                 yield None
             chunk = prompt[s : s + size]
-            pos = torch.arange(s, s + chunk.shape[0], device=prompt.device)
-            outs.append(self._forward(chunk, pos, cache, s, None, prefill=True))
-        first = self._sample_first(outs[-1].logits[0, -1])
+            n = chunk.shape[0]
+            out = self._forward(chunk, torch.arange(s, s + n, device=prompt.device), cache, s, None, prefill=True)
+            if mirror is not None:
+                mirror.broadcast_from(cache, s, s + n)
+            rows = torch.arange(n, device=prompt.device)
+            if s + n < t and self.drafter is not None:  # the drafter follows chunk by chunk (no long stall at the end)
+                self.drafter.extend(prompt[s + 1 : s + n + 1], _features(out, rows))
+        first = self._sample_first(out.logits[0, -1])
         if self.drafter is not None:
-            self.drafter.start(budget)
-            feats = _cat_features(outs)
-            self.drafter.extend(torch.cat([prompt[1:], first]), feats)
-        mirror = self._new_mirror(cache, budget)
-        if mirror is not None:
-            mirror.broadcast_from(cache, 0, t)
+            self.drafter.extend(torch.cat([prompt[s + 1 :], first]), _features(out, rows))
         yield SeqState(history=torch.cat([prompt, first]), cache=cache, cached=t, mirror=mirror)
 
     def _new_mirror(self, cache, budget: int):
@@ -245,9 +248,3 @@ def root_only(seq: SeqState) -> DraftOutput:
 
 def _features(out: ForwardOutput, rows: torch.Tensor) -> TargetFeatures:
     return TargetFeatures(hidden=out.hidden[0, rows], taps={k: v[0, rows] for k, v in out.taps.items()})
-
-
-def _cat_features(outs: list[ForwardOutput]) -> TargetFeatures:
-    hidden = torch.cat([o.hidden[0] for o in outs])
-    taps = {k: torch.cat([o.taps[k][0] for o in outs]) for k in outs[0].taps}
-    return TargetFeatures(hidden=hidden, taps=taps)
