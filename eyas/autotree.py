@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import sys
 import time
 from dataclasses import asdict
@@ -32,6 +31,7 @@ from eyas.drafters.base import Drafter
 from eyas.drafters.eagle3 import Eagle3Drafter
 from eyas.drafters.loading import DrafterSpec, default_drafter_name, detect_kind, shipped_head
 from eyas.formats.eagle3 import load_eagle3
+from eyas.models.cpu import cpu_name
 from eyas.models.loading import LoadedTarget, cache_root
 from eyas.tree import make_tree
 from eyas.tree.sizing import AcceptanceProfile, DraftCost, TreeChoice, choose_tree
@@ -99,12 +99,7 @@ def measure_draft_cost(head: torch.nn.Module, model, exact: bool, reps: int = 5)
 
 
 def machine_key(target: LoadedTarget, head_dir: Path, exact: bool) -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {"cpu": cpu, "torch": torch.__version__, "threads": torch.get_num_threads(), "target": target.name,
+    return {"cpu": cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(), "target": target.name,
             "dtype": str(target.model.dtype), "device": str(target.model.device), "exact": exact,
             "head": head_dir.name, "widths": list(WIDTHS),
             # int8 projections cost differently by width (eyas.models.quant): a separate table

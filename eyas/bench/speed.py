@@ -118,12 +118,9 @@ def read_questions(path: str, limit: int | None) -> list[dict]:
 
 def cpu_model() -> str:
     """'AMD EPYC (avx512_bf16)' or the like: the CPU model and whether bf16 matmuls are native."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or "unknown"
-    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "unknown")
-    flags = info.split()
+    from eyas.models.cpu import cpu_flags, cpu_name
+
+    name, flags = cpu_name(), cpu_flags()
     isa = "amx_bf16" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else (
         "avx2" if "avx2" in flags else "no avx2")
     return f"{name} ({isa})"

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from eyas.models.cpu import cpu_flags, cpu_name
 
 # largest forward (tree nodes) exact mode checks; wider forwards are padded to it
 MAX_ROWS = 64
@@ -95,13 +96,8 @@ def default_store() -> Path:
 
 
 def _cpu_model() -> str:
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or "unknown"
-    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "unknown")
-    flags = set(info.split())
-    return name + "".join(f"+{f}" for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags)
+    flags = cpu_flags()
+    return cpu_name() + "".join(f"+{f}" for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags)
 
 
 def _disk_key(key: tuple) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from eyas.models.config import ModelConfig
+from eyas.models.cpu import cpu_flags
 from eyas.models.native import NativeLlama
 
 DEFAULT_MODEL = "embedded:smollm2-135m-instruct"
@@ -45,10 +46,7 @@ def fast_bf16() -> bool:
     """
     if torch.cuda.is_available():
         return True
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
+    flags = cpu_flags()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
