@@ -92,7 +92,9 @@ class RowFloor:
 
 
 def default_store() -> Path:
-    return Path(os.environ.get("EYAS_CACHE", Path.home() / ".cache" / "eyas")) / "row_floors.json"
+    from eyas.models.loading import cache_root  # here, not at the top: loading imports native, which imports this
+
+    return cache_root() / "row_floors.json"
 
 
 def _cpu_model() -> str:
