@@ -188,10 +188,11 @@ class BatchDecoder:
         w = max(t.num_nodes for t in trees)
         starts = torch.tensor([r.seq.cached for r in self.rows], device=self.target.device)  # [B]
         kv_len = int(starts.max()) + w
-        tokens, positions, mask = _pack(trees, starts, w, kv_len)
-        b = len(self.rows)
         paths = [r.dec.path_attention(r.seq, t) for r, t in zip(self.rows, trees, strict=True)]
-        if all(p is not None for p in paths):  # exact mode: every row attends exactly as it would alone
+        exact = all(p is not None for p in paths)  # exact mode: every row attends exactly as it would alone
+        tokens, positions, mask = _pack(trees, starts, w, None if exact else kv_len)
+        b = len(self.rows)
+        if exact:
             meta = ForwardMeta(start=starts, paths=paths, taps=self.taps)
         else:
             meta = ForwardMeta(start=starts, mask=mask, kv_len=kv_len, taps=self.taps)
@@ -235,8 +236,9 @@ class BatchDecoder:
             r.seq.cache = bigger.rows(i, i + 1)
 
 
-def _pack(trees: list[Tree], starts: torch.Tensor, w: int, kv_len: int):
-    """Trees -> tokens, positions [B, W] long and mask [B, W, S] bool (S = kv_len).
+def _pack(trees: list[Tree], starts: torch.Tensor, w: int, kv_len: int | None):
+    """Trees -> tokens, positions [B, W] long and mask [B, W, S] bool (S = kv_len; None when kv_len is None:
+    exact mode's path attention needs no mask).
 
     Row b's node i sits at slot starts[b] + i and position starts[b] + depth[i]; it sees
     the row's committed slots and its tree ancestors. Padding nodes see slot 0 only
@@ -245,12 +247,15 @@ def _pack(trees: list[Tree], starts: torch.Tensor, w: int, kv_len: int):
     b, dev = len(trees), starts.device
     tokens = torch.zeros(b, w, dtype=torch.long, device=dev)
     positions = starts[:, None].repeat(1, w)
-    mask = torch.zeros(b, w, kv_len, dtype=torch.bool, device=dev)
-    mask[:, :, 0] = True
+    mask = None
+    if kv_len is not None:
+        mask = torch.zeros(b, w, kv_len, dtype=torch.bool, device=dev)
+        mask[:, :, 0] = True
     for i, (t, s) in enumerate(zip(trees, starts.tolist(), strict=True)):
         n = t.num_nodes
         tokens[i, :n] = t.tokens
         positions[i, :n] += t.depth
-        mask[i, :n, :s] = True
-        mask[i, :n, s : s + n] = t.mask
+        if mask is not None:
+            mask[i, :n, :s] = True
+            mask[i, :n, s : s + n] = t.mask
     return tokens, positions, mask
