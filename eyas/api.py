@@ -144,7 +144,7 @@ class Speculator:
             spec_policy = SpecPolicy(self.drafter.max_nodes, policy)
         taps = self.drafter.taps if self.drafter is not None else ()
         make = functools.partial(self.decoder, fork=True)
-        return BatchDecoder(self.target.model, make, max_batch, spec_policy, taps)
+        return BatchDecoder(self.target.model, make, max_batch, spec_policy, taps, exact=self.exact)
 
     def events(self, prompt: Prompt, chat: bool = True, speculate: bool = True, **params):
         """Return (decoder, prompt ids [T], iterator of StepEvents): the lowest-level streaming API."""

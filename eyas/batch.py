@@ -11,15 +11,18 @@ Rows join between steps (``add``; a prompt longer than one prefill chunk is pref
 chunk per ``step``, between decode steps, so a long prompt joining never stalls the running
 rows for its whole prefill) and leave between steps (``remove`` moves the last row into the hole, so rows
 0 .. B-1 stay contiguous and the forward runs on a view, never a gather). The cache grows
-by doubling when a longer sequence arrives.
+by doubling when a longer sequence arrives. In exact mode there is no shared cache: attention runs
+row by row (``PathAttention``), so each row keeps the 1-row cache its prefill filled (``RowCaches``)
+and a long prompt joining costs its own memory only, not every row grown to its length.
 
 A ``SpecPolicy`` picks the verify width per step from the batch size (``eyas.policy``);
 trees are cut to their first ``width`` nodes, which keeps verification lossless. Rows
 sampling with an explicit seed keep full trees, so they reproduce ``eyas generate --seed``.
 
-In float32 a row's greedy output equals its batch-1 output (tested); below float32 the
-exact (batch-invariant) mode holds for a batch of one, while larger batches change the
-key length and padding of each forward and may flip near-tied argmaxes.
+In float32 a row's greedy output equals its batch-1 output (tested); below float32 exact
+(batch-invariant) mode makes every row's tokens those of ``eyas generate --drafter none`` at any
+concurrency (tested); without it, larger batches change the key length and padding of each forward
+and may flip near-tied argmaxes.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from eyas.decode import SeqState, SpecDecoder, StepEvent, root_only
+from eyas.kv.static import RowCaches
 from eyas.models.base import ForwardMeta, ForwardOutput, TargetModel
 from eyas.policy import SpecPolicy, calibrate
 from eyas.types import DraftOutput, Tree
@@ -72,6 +76,7 @@ class BatchDecoder:
         policy: SpecPolicy | None = None,
         taps: tuple[int, ...] = (),
         initial_slots: int = 512,
+        exact: bool = False,
     ) -> None:
         if max_batch > 1 and not target.row_starts:
             raise ValueError(
@@ -80,7 +85,9 @@ class BatchDecoder:
             )
         self.target, self.make_decoder, self.max_batch = target, make_decoder, max_batch
         self.policy, self.taps = policy, taps
-        self.cache = target.new_cache(max_batch, initial_slots)
+        # exact mode: every row keeps its own cache (attention is per row); else one shared [B, S] cache
+        self.own_caches = exact and target.path_attention
+        self.cache = None if self.own_caches else target.new_cache(max_batch, initial_slots)
         self.rows: list[_Row] = []
         self.pending: list[_Pending] = []
 
@@ -103,6 +110,8 @@ class BatchDecoder:
         if len(self) >= self.max_batch:
             raise RuntimeError(f"the batch is full ({self.max_batch} rows)")
         dec = self.make_decoder(**params)
+        if self.own_caches and not dec.cfg.exact:
+            raise ValueError("this batch runs in exact mode (per-row caches); its decoders need DecodeConfig.exact")
         pend = _Pending(key, dec, dec.prefill_steps(prompt))
         first = self._advance(pend)
         if first is None:
@@ -114,11 +123,12 @@ class BatchDecoder:
         seq = next(pend.chunks)
         if seq is None:
             return None
-        b, own = len(self.rows), seq.cache
-        self._ensure_slots(seq.cached + pend.dec.cfg.max_new_tokens + pend.dec.width + 1)
-        self.cache.k[:, b, :, : seq.cached] = own.k[:, 0, :, : seq.cached]
-        self.cache.v[:, b, :, : seq.cached] = own.v[:, 0, :, : seq.cached]
-        seq.cache = self.cache.rows(b, b + 1)
+        if not self.own_caches:  # copy the prefilled row into the shared cache
+            b, own = len(self.rows), seq.cache
+            self._ensure_slots(seq.cached + pend.dec.cfg.max_new_tokens + pend.dec.width + 1)
+            self.cache.k[:, b, :, : seq.cached] = own.k[:, 0, :, : seq.cached]
+            self.cache.v[:, b, :, : seq.cached] = own.v[:, 0, :, : seq.cached]
+            seq.cache = self.cache.rows(b, b + 1)
         self.rows.append(_Row(pend.key, pend.dec, seq))
         return pend.dec.emit(seq, seq.history[-1:], 0)
 
@@ -127,6 +137,9 @@ class BatchDecoder:
             self.pending = [p for p in self.pending if p.key != key]
             return
         i, last = self._index(key), len(self.rows) - 1
+        if self.own_caches:
+            self.rows.pop(i)
+            return
         if i != last:  # keep rows contiguous: the last row moves into the hole
             moved = self.rows[last]
             self.cache.copy_row(last, i, moved.seq.cached)
@@ -175,7 +188,9 @@ class BatchDecoder:
         dec = row.dec
         if dec.cfg.seed is not None and not dec.cfg.sampling.greedy:
             width = None  # seeded sampling reproduces eyas generate only with the full trees
-        if dec.drafter is None or width == 1:
+        # a row whose tree mirror did not fit (DecodeConfig.max_mirror_bytes: a very long prompt) verifies
+        # plain steps in exact mode: its tokens stay those of --drafter none, only slower
+        if dec.drafter is None or width == 1 or (self.own_caches and row.seq.mirror is None):
             return root_only(row.seq), 0
         draft = dec.draft(row.seq)
         return (draft if width is None else cut_tree(draft, width)), draft.tree.num_nodes
@@ -192,11 +207,12 @@ class BatchDecoder:
         exact = all(p is not None for p in paths)  # exact mode: every row attends exactly as it would alone
         tokens, positions, mask = _pack(trees, starts, w, None if exact else kv_len)
         b = len(self.rows)
+        cache = RowCaches([r.seq.cache for r in self.rows]) if self.own_caches else self.cache.rows(0, b)
         if exact:
             meta = ForwardMeta(start=starts, paths=paths, taps=self.taps)
         else:
             meta = ForwardMeta(start=starts, mask=mask, kv_len=kv_len, taps=self.taps)
-        return self.target.run(tokens, positions, self.cache.rows(0, b), meta), w
+        return self.target.run(tokens, positions, cache, meta), w
 
     def calibrate(self, context: int = 128, repeats: int = 3) -> None:
         """Seed the policy's cost table: time one forward of n tokens after ``context`` slots."""

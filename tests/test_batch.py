@@ -33,7 +33,7 @@ def make_batch(target, drafter, max_batch, policy=None, **cfg):
         return SpecDecoder(target, d, DecodeConfig(max_new_tokens=max_new_tokens, **cfg, **kw))
 
     taps = drafter.taps if drafter is not None else ()
-    return BatchDecoder(target, make, max_batch, policy, taps, initial_slots=16)
+    return BatchDecoder(target, make, max_batch, policy, taps, initial_slots=16, exact=cfg.get("exact", False))
 
 
 def run_batch(batch: BatchDecoder, jobs: dict, joins: dict | None = None) -> dict:
@@ -268,3 +268,29 @@ def test_bf16_rows_without_exact_mode_write_the_fp32_cache(tiny):
     jobs = {i: (prompt_ids(p, seed=20 + i), {"max_new_tokens": 12}) for i, p in enumerate((9, 17))}
     got = run_batch(make_batch(target, ngram(), max_batch=2, exact=False), jobs)
     assert all(len(v) == 12 for v in got.values())
+
+
+def test_bf16_exact_rows_keep_their_own_caches(tiny):
+    """Exact mode has no shared cache to grow: a long prompt joining leaves the short rows' caches at their own
+    size (issue 14: growing a [16, S] cache to a near-context prompt stalled every stream for seconds), and a
+    row whose tree mirror does not fit (max_mirror_bytes) verifies plain steps: still --drafter none's tokens."""
+    target = tiny.native("llama", seed=0).to(torch.bfloat16)
+    short, long_ = prompt_ids(9, seed=30), prompt_ids(300, seed=31)
+    one_row = target.new_cache(1, 64).nbytes // 64  # bytes per slot of a 1-row cache
+    batch = make_batch(target, ngram(), max_batch=2, exact=True, prefill_chunk=32,
+                       max_mirror_bytes=ngram().max_nodes * one_row * 200)  # the long row gets no mirror
+    assert batch.cache is None
+    out = {"s": batch.add("s", short, max_new_tokens=30).tokens.tolist(), "l": []}
+    out["s"] += [t for _, ev in batch.step() for t in ev.tokens.tolist()]
+    assert batch.add("l", long_, max_new_tokens=20) is None  # chunked prefill
+    while len(batch):
+        for k, ev in batch.step():
+            out[k] += ev.tokens.tolist()
+            if ev.finished:
+                batch.remove(k)
+        mirrors = {r.key: r.seq.mirror is not None for r in batch.rows}
+        assert mirrors.get("s", True) and not mirrors.get("l", False), mirrors
+        sizes = {r.key: r.seq.cache.max_slots for r in batch.rows}
+        assert sizes.get("s", 0) < 128, sizes  # never grown towards the long row's 300+ slots
+    assert out["l"] == solo(target, None, long_, 20, exact=True)
+    assert out["s"] == solo(target, None, short, 30, exact=True)

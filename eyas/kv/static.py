@@ -104,3 +104,24 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2
+
+
+@dataclass
+class RowCaches:
+    """Independent 1-row caches, one per batch row, seen by a batched forward as one batch.
+
+    Batched exact mode attends row by row anyway (``PathAttention``), so rows need not share one
+    [B, S] buffer: each keeps the cache its prefill filled, sized to its own budget. A long prompt
+    joining then costs only its own memory, never a copy of every row grown to its length.
+    """
+
+    caches: list[KVCache]
+
+    @property
+    def max_slots(self) -> int:
+        return max(c.max_slots for c in self.caches)
+
+    def rows(self, lo: int, hi: int) -> KVCache:
+        if hi != lo + 1:
+            raise ValueError(f"RowCaches holds independent rows: ask for one row at a time, not {lo}..{hi}")
+        return self.caches[lo]

@@ -259,9 +259,9 @@ class NativeLlama(nn.Module, TargetModel):
             if len(paths) != b:
                 raise ValueError(f"path attention (exact mode) needs one PathAttention per batch row: {len(paths)} "
                                  f"for a batch of {b}")
-            for pa in paths:
+            for b, pa in enumerate(paths):
                 s = pa.masks.shape[-1]
-                if s % KV_BLOCK or s > cache.max_slots or pa.order.shape[0] > t:
+                if s % KV_BLOCK or s > cache.rows(b, b + 1).max_slots or pa.order.shape[0] > t:
                     raise ValueError(f"path attention needs kv_len a multiple of {KV_BLOCK} within the cache and at "
                                      f"most {t} nodes, got kv_len {s}, {pa.order.shape[0]} nodes")
             return AttnMeta(start=start, kv_len=max(pa.masks.shape[-1] for pa in paths), paths=paths)
