@@ -33,11 +33,35 @@ from dataclasses import dataclass
 
 import torch
 
-from eyas.decode import SeqState, SpecDecoder, StepEvent, root_only
+from eyas.decode import SeqState, SpecDecoder, StepEvent, next_span, root_only
 from eyas.kv.static import RowCaches
 from eyas.models.base import ForwardMeta, ForwardOutput, TargetModel
 from eyas.policy import SpecPolicy, calibrate
 from eyas.types import DraftOutput, Tree
+
+
+@dataclass
+class PrefillBudget:
+    """How much of a joining prompt one step prefills while rows decode (chunked prefill).
+
+    Chunks hold at most ``chunk`` tokens and ``pairs`` units of work (``eyas.decode.next_span``: tokens times
+    the keys they attend, plus the projections); ``pairs`` is steered multiplicatively so a chunk takes about
+    ``share`` times the decode step it follows, so a long prompt joining slows every running stream by about
+    ``1 + share`` whatever the machine. Chunk sizes never change a token: exact mode fills the same cache bits
+    for any chunking (tests/test_prefill.py).
+    """
+
+    chunk: int = 64
+    pairs: int = 1 << 15
+    share: float = 1.0
+    least: int = 1 << 12
+    most: int = 1 << 20
+    decode_s: float = 0.0  # moving average of the decode step
+
+    def observe(self, decode_s: float, chunk_s: float) -> None:
+        self.decode_s = decode_s if not self.decode_s else 0.8 * self.decode_s + 0.2 * decode_s
+        factor = min(2.0, max(0.5, self.share * self.decode_s / max(chunk_s, 1e-6)))
+        self.pairs = int(min(self.most, max(self.least, self.pairs * factor)))
 
 
 @dataclass
@@ -90,6 +114,7 @@ class BatchDecoder:
         self.cache = None if self.own_caches else target.new_cache(max_batch, initial_slots)
         self.rows: list[_Row] = []
         self.pending: list[_Pending] = []
+        self.prefill = PrefillBudget()
 
     def __len__(self) -> int:
         return len(self.rows) + len(self.pending)
@@ -102,21 +127,34 @@ class BatchDecoder:
     def add(self, key: Hashable, prompt: torch.Tensor, **params) -> StepEvent | None:
         """Start a row for ``prompt`` ([T] long).
 
-        A prompt of one prefill chunk (``DecodeConfig.prefill_chunk``) is prefilled now and the first
-        token's event returned. A longer one returns None: ``step`` prefills it one chunk at a time
-        between decode steps (chunked prefill: running rows keep their inter-token latency) and
-        emits its first token when done.
+        While no row decodes, its first prefill chunk runs now, and a prompt of one chunk returns its first
+        token's event. Otherwise (and for the rest of a longer prompt) it returns None: ``step`` prefills one
+        chunk per step, after the decode step (chunked prefill: running rows keep their inter-token latency),
+        and emits the first token when the prompt is done.
         """
         if len(self) >= self.max_batch:
             raise RuntimeError(f"the batch is full ({self.max_batch} rows)")
         dec = self.make_decoder(**params)
         if self.own_caches and not dec.cfg.exact:
             raise ValueError("this batch runs in exact mode (per-row caches); its decoders need DecodeConfig.exact")
-        pend = _Pending(key, dec, dec.prefill_steps(prompt))
-        first = self._advance(pend)
+        pend = _Pending(key, dec, dec.prefill_steps(prompt, spans=self._spans(prompt.shape[0], dec)))
+        first = None if self.rows else self._advance(pend)
         if first is None:
             self.pending.append(pend)
         return first
+
+    def _spans(self, t: int, dec: SpecDecoder) -> Iterator[tuple[int, int]]:
+        """A joining prompt's chunks, each sized when its step comes: small while other rows decode, the
+        decoder's own (eyas generate's) when none does. Exact mode fills the same cache bits either way.
+        """
+        s = 0
+        while s < t:
+            if self.rows:
+                e = next_span(s, t, self.prefill.chunk, self.prefill.pairs)
+            else:
+                e = next_span(s, t, dec.cfg.prefill_chunk)
+            yield s, e
+            s = e
 
     def _advance(self, pend: _Pending) -> StepEvent | None:
         """Prefill one more chunk; when the prompt is done, move the row into the batch (its first event)."""
@@ -150,10 +188,13 @@ class BatchDecoder:
     # ---- one step: draft -> verify (one forward) -> commit, per row -------------------------
     def step(self) -> list[tuple[Hashable, StepEvent]]:
         """One decode step of the running rows, then one prefill chunk of the oldest joining row."""
+        t0 = time.perf_counter()
         events = self._decode_step() if self.rows else []
         if self.pending:
-            pend = self.pending[0]
+            t1, pend = time.perf_counter(), self.pending[0]
             first = self._advance(pend)
+            if events:  # rows decoded: steer the next chunk's size to this step's decode time
+                self.prefill.observe(t1 - t0, time.perf_counter() - t1)
             if first is not None:
                 self.pending.pop(0)
                 events.append((pend.key, first))
@@ -168,8 +209,9 @@ class BatchDecoder:
         events = []
         for b, (row, (draft, full_nodes)) in enumerate(zip(self.rows, drafts, strict=True)):
             n = draft.tree.num_nodes
-            out_b = ForwardOutput(out.logits[b : b + 1, :n], out.hidden[b : b + 1, :n],
-                                  {k: v[b : b + 1, :n] for k, v in out.taps.items()})
+            out_b = ForwardOutput(
+                out.logits[b : b + 1, :n], out.hidden[b : b + 1, :n], {k: v[b : b + 1, :n] for k, v in out.taps.items()}
+            )
             dec = row.dec
             ver = dec.accept(row.seq, draft, out_b)
             if self.policy is not None and full_nodes > 0:  # drafted, a miss (root only) included

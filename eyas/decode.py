@@ -6,7 +6,7 @@ so plain and speculative outputs go through one code path.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -18,6 +18,16 @@ from eyas.models.exact import MAX_ROWS
 from eyas.tree import make_tree
 from eyas.types import DraftOutput, SamplingParams, StepStats, Tree, VerifyOutput
 from eyas.verify import TypicalConfig, logits_to_probs, sample, verify_greedy, verify_sampling, verify_typical
+
+# exact-mode prefill (prefill_spans, SpecDecoder.prefill_steps): chunk boundaries fall on multiples of
+# PREFILL_QUANTUM and key lengths on multiples of PREFILL_KV_BLOCK (torch's CPU flash attention's key block);
+# then no query's arithmetic depends on how the prompt was chunked (measured on SmolLM2 with chunks of 8 to
+# 1,280 tokens, and in tests/test_prefill.py)
+PREFILL_QUANTUM = 8
+PREFILL_KV_BLOCK = 512
+# a prompt token's projections cost about what attending this many keys costs (SmolLM2 on the 2-core VM:
+# 0.3 ms per token + 0.45 us per cached key), the unit of next_span's budget
+PREFILL_TOKEN_KEYS = 640
 
 
 class PromptTooLongError(ValueError):
@@ -35,7 +45,8 @@ class DecodeConfig:
     # bf16 row invariance: a token's logits do not depend on how many tokens share its forward,
     # so speculative output equals plain (drafter none) output bit for bit (eyas.models.attention)
     exact: bool = False
-    # prompt tokens per prefill forward; continuous batching runs one chunk between decode steps
+    # prompt tokens per prefill forward (a multiple of PREFILL_QUANTUM); continuous batching chooses its own,
+    # smaller chunks (eyas.batch), which in exact mode fill the same cache bits (prefill_spans)
     prefill_chunk: int = 128
     # exact mode keeps one copy of the KV cache per tree node for tree attention (PathAttention) up to this size
     max_mirror_bytes: int = 2 << 30
@@ -147,8 +158,9 @@ class SpecDecoder:
         n = tree.num_nodes
         if not (self.cfg.exact and self.target.path_attention and (n == 1 or seq.mirror is not None)):
             return None
-        return PathAttention.from_tree_mask(tree.mask, seq.cached, round_up(seq.cached + n),
-                                            None if n == 1 else seq.mirror)
+        return PathAttention.from_tree_mask(
+            tree.mask, seq.cached, round_up(seq.cached + n), None if n == 1 else seq.mirror
+        )
 
     def commit(self, seq: SeqState, tree: Tree, ver: VerifyOutput, out: ForwardOutput) -> None:
         """Move accepted KV entries into place, extend history, feed the drafter."""
@@ -166,10 +178,19 @@ class SpecDecoder:
         *_, seq = self.prefill_steps(prompt, cache)
         return seq
 
-    def prefill_steps(self, prompt: torch.Tensor, cache=None) -> Iterator[SeqState | None]:
-        """Prefill in chunks of ``cfg.prefill_chunk`` tokens: yields None after every chunk but the last, then
+    def prefill_steps(
+        self, prompt: torch.Tensor, cache=None, spans: Iterable[tuple[int, int]] | None = None
+    ) -> Iterator[SeqState | None]:
+        """Prefill in the chunks of ``prefill_spans``: yields None after every chunk but the last, then
         the SeqState. Continuous batching (eyas.batch) runs one chunk per step between decode steps; the
         chunking is the same as ``prefill``'s, so a served prompt's cache holds the same bits as eyas generate's.
+
+        ``spans``: the chunks (read one at a time, each when its turn comes), on PREFILL_QUANTUM boundaries
+        (``next_span``; default: ``cfg.prefill_chunk`` tokens each). In exact mode
+        every chunk attends a key length rounded up to PREFILL_KV_BLOCK and pads its projections to their row
+        floors; with chunk boundaries on multiples of PREFILL_QUANTUM that makes the cache bits independent of
+        the chunking (measured, tests/test_prefill.py), so a server can prefill in small chunks between decode
+        steps and still give the tokens of eyas generate.
         """
         t = prompt.shape[0]
         budget = t + self.cfg.max_new_tokens + self.width + 1
@@ -180,17 +201,22 @@ class SpecDecoder:
                 f"context of {limit} tokens; shorten the prompt or lower max_new_tokens"
             )
         self.stats = StepStats()
+        exact = self.cfg.exact and self.target.path_attention
+        if exact:
+            budget = max(budget, round_up(t, PREFILL_KV_BLOCK))
         cache = cache if cache is not None else self.target.new_cache(1, budget)
         mirror = self._new_mirror(cache, budget)
         if self.drafter is not None:
             self.drafter.start(budget)
-        size = self.cfg.prefill_chunk
-        for s in range(0, t, size):
+        for s, e in spans if spans is not None else prefill_spans(t, self.cfg.prefill_chunk):
             if s:
                 yield None
-            chunk = prompt[s : s + size]
-            n = chunk.shape[0]
-            out = self._forward(chunk, torch.arange(s, s + n, device=prompt.device), cache, s, None, prefill=True)
+            chunk = prompt[s:e]
+            n = e - s
+            kv_len = round_up(e, PREFILL_KV_BLOCK) if exact else None
+            out = self._forward(
+                chunk, torch.arange(s, e, device=prompt.device), cache, s, None, prefill=True, kv_len=kv_len
+            )
             if mirror is not None:
                 mirror.broadcast_from(cache, s, s + n)
             rows = torch.arange(n, device=prompt.device)
@@ -209,12 +235,18 @@ class SpecDecoder:
             return None  # too large: trees are verified in one shared layout (plain steps stay exact, trees may drift)
         return self.target.new_cache(self.width, budget)
 
-    def _forward(self, tokens, positions, cache, start, mask, prefill=False, paths=None) -> ForwardOutput:
-        """tokens, positions: [T]; mask: [T, S] or None (causal). Adds the batch dim."""
+    def _forward(self, tokens, positions, cache, start, mask, prefill=False, paths=None, kv_len=None) -> ForwardOutput:
+        """tokens, positions: [T]; mask: [T, S] or None (causal). Adds the batch dim. kv_len: exact-mode prefill."""
         t = tokens.shape[0]
-        meta = ForwardMeta(start=start, mask=None if mask is None else mask[None], taps=self.taps,
-                           paths=None if paths is None else [paths],
-                           logits_idx=torch.tensor([t - 1], device=tokens.device) if prefill else None)
+        meta = ForwardMeta(
+            start=start,
+            mask=None if mask is None else mask[None],
+            taps=self.taps,
+            paths=None if paths is None else [paths],
+            kv_len=kv_len,
+            exact=kv_len is not None,
+            logits_idx=torch.tensor([t - 1], device=tokens.device) if prefill else None,
+        )
         return self.target.run(tokens[None], positions[None], cache, meta)
 
     def _sample_first(self, logits: torch.Tensor) -> torch.Tensor:
@@ -238,6 +270,30 @@ class SpecDecoder:
     @staticmethod
     def _done(seq: SeqState) -> bool:
         return seq.finished
+
+
+def prefill_spans(t: int, chunk: int, pairs: int | None = None) -> list[tuple[int, int]]:
+    """(start, end) of each prefill forward over a ``t``-token prompt (see ``next_span``)."""
+    spans, s = [], 0
+    while s < t:
+        spans.append((s, next_span(s, t, chunk, pairs)))
+        s = spans[-1][1]
+    return spans
+
+
+def next_span(s: int, t: int, chunk: int, pairs: int | None = None) -> int:
+    """End of the prefill chunk starting at ``s`` of ``t``: ``chunk`` tokens, or fewer n such that
+    n * (s + PREFILL_TOKEN_KEYS) <= ``pairs``, never fewer than PREFILL_QUANTUM; every boundary but the
+    prompt's end is a multiple of PREFILL_QUANTUM.
+
+    Attention grows with the prefix while the projections do not: on the 2-core VM a 128-token chunk of
+    SmolLM2 costs ~60 ms at the start of a prompt and ~560 ms after 7,800 tokens (fp32 attention at
+    ~140 GFLOP/s, bf16 GEMMs at ~600), so continuous batching bounds ``pairs`` to keep every step short.
+    """
+    if chunk < PREFILL_QUANTUM or chunk % PREFILL_QUANTUM:
+        raise ValueError(f"prefill chunk must be a positive multiple of {PREFILL_QUANTUM}, got {chunk}")
+    n = chunk if pairs is None else min(chunk, pairs // (s + PREFILL_TOKEN_KEYS) // PREFILL_QUANTUM * PREFILL_QUANTUM)
+    return min(t, s + max(n, PREFILL_QUANTUM))
 
 
 def root_only(seq: SeqState) -> DraftOutput:

@@ -9,9 +9,29 @@ into contiguous slots right after the prefix (``commit``), with no recomputation
 
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import dataclass
 
 import torch
+
+# CPU caches at least this large take their memory from an anonymous mmap (see lazy_zeros)
+LAZY_BYTES = 32 << 20
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+    """torch.zeros, but on a CPU a large tensor's pages are zeroed by the kernel on first touch.
+
+    A cache is sized for the prompt plus every token it may generate, and zero-filling it up front
+    stalls whoever waits for the allocation: measured on the 2-core VM, 0.7 s for the 544 MB
+    exact-mode mirror of a 7,800-token prompt, inside one serving step. An anonymous mmap is zero by the
+    kernel's guarantee and costs its pages only as the sequence reaches them.
+    """
+    device = torch.device(device)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if device.type != "cpu" or nbytes < LAZY_BYTES:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)  # the tensor keeps the mapping alive
 
 
 @dataclass
@@ -35,10 +55,7 @@ class KVCache:
         device: torch.device | str = "cpu",
     ) -> KVCache:
         shape = (num_layers, batch, num_kv_heads, max_slots, head_dim)
-        return cls(
-            torch.zeros(shape, dtype=dtype, device=device),
-            torch.zeros(shape, dtype=dtype, device=device),
-        )
+        return cls(lazy_zeros(shape, dtype, device), lazy_zeros(shape, dtype, device))
 
     @property
     def max_slots(self) -> int:

@@ -109,6 +109,8 @@ class ForwardMeta:
     logits_idx: torch.Tensor | None = None
     # layer indices whose input residual stream to return (EAGLE-3 taps)
     taps: tuple[int, ...] = ()
+    # exact mode outside path attention (prefill chunks): linears padded to their row floors (eyas.models.exact)
+    exact: bool = False
 
 
 class TargetModel(ABC):

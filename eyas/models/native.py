@@ -238,7 +238,7 @@ class NativeLlama(nn.Module, TargetModel):
     @torch.inference_mode()
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, meta: ForwardMeta) -> ForwardOutput:
         attn = self._attn_meta(tokens, cache, meta)
-        floors = self.row_floors if attn.paths is not None else None
+        floors = self.row_floors if (attn.paths is not None or meta.exact) else None
         rope = self.rope(positions, cache.max_slots)
         x = self.embed(tokens)
         tapped = {}

@@ -153,7 +153,8 @@ def test_batched_rows_with_cut_trees_equal_plain(tiny):
     prompts = {i: prompt_ids(n, seed=10 + i) for i, n in enumerate((7, 30, 12))}
     out = {k: [] for k in prompts}
     for k, p in prompts.items():
-        out[k] += batch.add(k, p).tokens.tolist()
+        ev = batch.add(k, p)  # None while other rows decode: prefilled in the next step
+        out[k] += ev.tokens.tolist() if ev is not None else []
     while len(batch):
         for k, ev in batch.step():
             out[k] += ev.tokens.tolist()
