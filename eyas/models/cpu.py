@@ -20,11 +20,23 @@ def _cpuinfo() -> str | None:
 
 
 def cpu_name() -> str:
-    """The CPU's model name, e.g. 'AMD EPYC' ('unknown' where /proc/cpuinfo says nothing)."""
+    """The CPU's model name with its family and model numbers, e.g. 'AMD EPYC (family 26, model 2)': cloud VMs
+    often say only 'AMD EPYC', and Zen 4 (family 25) and Zen 5 (family 26) run the same bf16 kernels at
+    very different speeds ('unknown' where /proc/cpuinfo says nothing).
+    """
     info = _cpuinfo()
     if info is None:
         return platform.processor() or "unknown"
-    return next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "unknown")
+    fields = {}
+    for ln in info.splitlines():
+        if not ln.strip():
+            break  # the first processor's block
+        key, _, value = ln.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name", "unknown")
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']}, model {fields['model']})"
+    return name
 
 
 def cpu_flags() -> frozenset[str]:
