@@ -190,3 +190,39 @@ def default_target():
     from eyas.models.loading import load_target
 
     return load_target(None, "float32")
+
+
+# ---- distribution checks (sampling paths: tests/verify, tests/drafters) ----------------------------------
+def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson chi-square p-value; cells expected below 5 are pooled into one."""
+    counts, probs = counts.flatten(), probs.flatten()
+    assert float(counts[probs == 0].sum()) == 0, "a zero-probability outcome occurred"
+    expected = probs * counts.sum()
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum().view(1)])
+    exp = torch.cat([expected[big], expected[~big].sum().view(1)])
+    keep = exp > 0
+    stat = float((((obs - exp) ** 2)[keep] / exp[keep]).sum())
+    df = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2)))
+
+
+def next_probs(target, ids: torch.Tensor, sp) -> torch.Tensor:
+    """[V] target distribution of the token after ids (a plain forward from scratch)."""
+    from eyas.verify import logits_to_probs
+
+    n = ids.shape[0]
+    out = target.forward(ids[None], torch.arange(n)[None], target.new_cache(1, n), 0)
+    return logits_to_probs(out.logits[0, -1], sp)
+
+
+class Stats:
+    """Namespace handed to tests by the ``stats`` fixture."""
+
+    chi_square_p_value = staticmethod(chi_square_p_value)
+    next_probs = staticmethod(next_probs)
+
+
+@pytest.fixture
+def stats() -> type[Stats]:
+    return Stats

@@ -10,10 +10,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -180,25 +177,8 @@ def test_sampling_is_deterministic_per_seed(target):
     assert any(sample_run(s) != a for s in (7, 8, 9)), "different seeds gave the same sample every time"
 
 
-def _rejection_helpers():
-    """tests/verify/test_rejection.py, loaded by path (its chi-square helper)."""
-    path = Path(__file__).resolve().parents[1] / "verify" / "test_rejection.py"
-    spec = importlib.util.spec_from_file_location("_eyas_rejection_helpers_hybrid", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _next_probs(target, ids: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
-    n = ids.shape[0]
-    out = target.forward(ids[None], torch.arange(n)[None], target.new_cache(1, n), 0)
-    return logits_to_probs(out.logits[0, -1], sp)
-
-
-def test_one_verify_step_over_a_hybrid_tree_samples_the_target(tiny):
+def test_one_verify_step_over_a_hybrid_tree_samples_the_target(tiny, stats):
     """First two emitted tokens of one step ~ p(a) p(b | a), over a tree holding lookup and head nodes."""
-    chi_square_p_value = _rejection_helpers().chi_square_p_value
     target = tiny.native("llama", seed=0)
     sp = SamplingParams(temperature=1.5, top_k=6)
     for seed in range(60):  # a prompt whose tree holds a lookup chain and likely root children
@@ -215,7 +195,7 @@ def test_one_verify_step_over_a_hybrid_tree_samples_the_target(tiny):
     else:
         raise AssertionError("no prompt gave a hybrid tree with a lookup chain and likely root children")
     support = probs[0].nonzero().flatten().tolist()
-    cond = {a: _next_probs(target, torch.cat([seq.history, torch.tensor([a])]), sp) for a in support}
+    cond = {a: stats.next_probs(target, torch.cat([seq.history, torch.tensor([a])]), sp) for a in support}
     joint = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
     for a in support:
         joint[a] = probs[0, a].double() * cond[a].double()
@@ -230,7 +210,7 @@ def test_one_verify_step_over_a_hybrid_tree_samples_the_target(tiny):
             toks.append(int(sample(cond[toks[0]], cont)))
         counts[toks[0], toks[1]] += 1
     assert accepted > 300
-    assert chi_square_p_value(counts, joint) > 1e-3
+    assert stats.chi_square_p_value(counts, joint) > 1e-3
 
 
 # ---- the embedded default with the shipped head --------------------------------------------------------

@@ -16,9 +16,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -213,26 +211,8 @@ def test_sampling_is_deterministic_per_seed(llama):
     assert any(sample_run(s) != a for s in (7, 8, 9)), "different seeds gave the same sample every time"
 
 
-def _rejection_helpers():
-    """tests/verify/test_rejection.py, loaded by path (its chi-square helper)."""
-    path = Path(__file__).resolve().parents[1] / "verify" / "test_rejection.py"
-    spec = importlib.util.spec_from_file_location("_eyas_rejection_helpers", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _next_probs(target, ids: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
-    """[V] target distribution of the token after ids (a plain forward from scratch)."""
-    n = ids.shape[0]
-    out = target.forward(ids[None], torch.arange(n)[None], target.new_cache(1, n), 0)
-    return logits_to_probs(out.logits[0, -1], sp)
-
-
-def test_one_verify_step_over_a_medusa_tree_samples_the_target(llama):
+def test_one_verify_step_over_a_medusa_tree_samples_the_target(llama, stats):
     """First two emitted tokens of one step ~ p(a) p(b | a), with drafts that get accepted."""
-    chi_square_p_value = _rejection_helpers().chi_square_p_value
     sp = SamplingParams(temperature=1.5, top_k=6)
     heads = frozen_heads(llama, "lm_head", num_heads=2)
     tree = "static:[[0],[1],[2],[0,0],[0,1],[1,0]]"
@@ -247,7 +227,7 @@ def test_one_verify_step_over_a_medusa_tree_samples_the_target(llama):
     else:
         raise AssertionError("no prompt gave a Medusa tree with likely root children")
     support = probs[0].nonzero().flatten().tolist()
-    cond = {a: _next_probs(llama, torch.cat([seq.history, torch.tensor([a])]), sp) for a in support}
+    cond = {a: stats.next_probs(llama, torch.cat([seq.history, torch.tensor([a])]), sp) for a in support}
     joint = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
     for a in support:
         joint[a] = probs[0, a].double() * cond[a].double()
@@ -262,7 +242,7 @@ def test_one_verify_step_over_a_medusa_tree_samples_the_target(llama):
             toks.append(int(sample(cond[toks[0]], cont)))
         counts[toks[0], toks[1]] += 1
     assert accepted > 300
-    assert chi_square_p_value(counts, joint) > 1e-3
+    assert stats.chi_square_p_value(counts, joint) > 1e-3
 
 
 # ---- checkpoint layouts ------------------------------------------------------------------------------

@@ -197,27 +197,13 @@ def mc_joint(sc: Scenario, n: int, seed: int) -> torch.Tensor:
     return counts
 
 
-def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson chi-square p-value; cells expected below 5 are pooled into one."""
-    counts, probs = counts.flatten(), probs.flatten()
-    assert float(counts[probs == 0].sum()) == 0, "a zero-probability outcome occurred"
-    expected = probs * counts.sum()
-    big = expected >= 5
-    obs = torch.cat([counts[big], counts[~big].sum().view(1)])
-    exp = torch.cat([expected[big], expected[~big].sum().view(1)])
-    keep = exp > 0
-    stat = float((((obs - exp) ** 2)[keep] / exp[keep]).sum())
-    df = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2)))
-
-
 N_MC = 8_000
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
-def test_monte_carlo_output_distribution_is_the_target(name: str) -> None:
+def test_monte_carlo_output_distribution_is_the_target(name: str, stats) -> None:
     sc = SCENARIOS[name]
-    p_value = chi_square_p_value(mc_joint(sc, N_MC, seed=11), target_joint(sc))
+    p_value = stats.chi_square_p_value(mc_joint(sc, N_MC, seed=11), target_joint(sc))
     assert p_value > 1e-3, p_value
 
 
@@ -231,7 +217,7 @@ MUTANTS = {
     ("mutant", "name"), [("no-residual", "tree-topk-point"), ("unnormalised-residual", "tree-iid-q")]
 )
 def test_monte_carlo_detects_a_broken_residual(
-    monkeypatch: pytest.MonkeyPatch, mutant: str, name: str
+    monkeypatch: pytest.MonkeyPatch, mutant: str, name: str, stats
 ) -> None:
     """Power check: the same test fails when the residual update is wrong.
 
@@ -240,7 +226,7 @@ def test_monte_carlo_detects_a_broken_residual(
     """
     monkeypatch.setattr(rejection, "_residual", MUTANTS[mutant])
     sc = SCENARIOS[name]
-    p_value = chi_square_p_value(mc_joint(sc, 3_000, seed=12), target_joint(sc))
+    p_value = stats.chi_square_p_value(mc_joint(sc, 3_000, seed=12), target_joint(sc))
     assert p_value < 1e-6, p_value
 
 
