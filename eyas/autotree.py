@@ -102,6 +102,8 @@ def machine_key(target: LoadedTarget, head_dir: Path, exact: bool) -> dict:
     return {"cpu": cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(), "target": target.name,
             "dtype": str(target.model.dtype), "device": str(target.model.device), "exact": exact,
             "head": head_dir.name, "widths": list(WIDTHS),
+            # exact mode's compiled tree attention (eyas.kernels) or per-node mirrors: different costs by width
+            "path_kernel": exact and getattr(target.model, "path_kernel", lambda: None)() is not None,
             # int8 projections cost differently by width (eyas.models.quant): a separate table
             "quantized": sorted({type(m).__name__ for m in target.model.modules() if hasattr(m, "scales")})}
 

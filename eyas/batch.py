@@ -232,7 +232,8 @@ class BatchDecoder:
             width = None  # seeded sampling reproduces eyas generate only with the full trees
         # a row whose tree mirror did not fit (DecodeConfig.max_mirror_bytes: a very long prompt) verifies
         # plain steps in exact mode: its tokens stay those of --drafter none, only slower
-        if dec.drafter is None or width == 1 or (self.own_caches and row.seq.mirror is None):
+        no_mirror = row.seq.mirror is None and self.target.path_kernel() is None
+        if dec.drafter is None or width == 1 or (self.own_caches and no_mirror):
             return root_only(row.seq), 0
         draft = dec.draft(row.seq)
         return (draft if width is None else cut_tree(draft, width)), draft.tree.num_nodes

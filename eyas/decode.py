@@ -156,10 +156,13 @@ class SpecDecoder:
         them out (a one-node tree attends the sequence's own cache). None outside exact mode, or without a mirror.
         """
         n = tree.num_nodes
-        if not (self.cfg.exact and self.target.path_attention and (n == 1 or seq.mirror is not None)):
+        if not (self.cfg.exact and self.target.path_attention):
+            return None
+        kernel = self.target.path_kernel()
+        if not (n == 1 or seq.mirror is not None or kernel is not None):
             return None
         return PathAttention.from_tree_mask(
-            tree.mask, seq.cached, round_up(seq.cached + n), None if n == 1 else seq.mirror
+            tree.mask, seq.cached, round_up(seq.cached + n), None if n == 1 else seq.mirror, kernel
         )
 
     def commit(self, seq: SeqState, tree: Tree, ver: VerifyOutput, out: ForwardOutput) -> None:
@@ -231,6 +234,8 @@ class SpecDecoder:
         """Exact mode's per-row cache copies (PathAttention), when the target supports them and they fit."""
         if not (self.cfg.exact and self.target.path_attention and self.width > 1):
             return None
+        if self.target.path_kernel() is not None:
+            return None  # the compiled kernel reads the shared cache: no copies
         if self.width * cache.nbytes > self.cfg.max_mirror_bytes:
             return None  # too large: trees are verified in one shared layout (plain steps stay exact, trees may drift)
         return self.target.new_cache(self.width, budget)

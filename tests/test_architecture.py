@@ -31,6 +31,8 @@ LAYERS: dict[str, int] = {
     "verify": 1,
     "kv": 1,
     "models": 2,
+    # compiled CPU kernels (exact mode's tree attention), built on first use; the native model calls them
+    "kernels": 2,
     "drafters": 2,
     # checkpoint layouts of other engines (EAGLE-1/3, Medusa, speculators) <-> eyas heads
     "formats": 2,

@@ -281,11 +281,17 @@ def test_bf16_rows_without_exact_mode_write_the_fp32_cache(tiny):
     assert all(len(v) == 12 for v in got.values())
 
 
-def test_bf16_exact_rows_keep_their_own_caches(tiny):
+@pytest.mark.parametrize("kernel", [False, True], ids=["mirrors", "kernel"])
+def test_bf16_exact_rows_keep_their_own_caches(tiny, monkeypatch, kernel):
     """Exact mode has no shared cache to grow: a long prompt joining leaves the short rows' caches at their own
-    size (issue 14: growing a [16, S] cache to a near-context prompt stalled every stream for seconds), and a
-    row whose tree mirror does not fit (max_mirror_bytes) verifies plain steps: still --drafter none's tokens."""
+    size (issue 14: growing a [16, S] cache to a near-context prompt stalled every stream for seconds). Without
+    the compiled tree attention, a row whose tree mirror does not fit (max_mirror_bytes) verifies plain steps;
+    with it no row needs a mirror. Either way: --drafter none's tokens."""
     target = tiny.native("llama", seed=0, max_position_embeddings=2048).to(torch.bfloat16)
+    if not kernel:
+        monkeypatch.setattr(target, "path_kernel", lambda: None)
+    elif target.path_kernel() is None:
+        pytest.skip("the compiled tree attention is unavailable here (eyas.kernels)")
     short, long_ = prompt_ids(9, seed=30), prompt_ids(1100, seed=31)
     one_row = target.new_cache(1, 64).nbytes // 64  # bytes per slot of a 1-row cache
     batch = make_batch(
@@ -301,7 +307,10 @@ def test_bf16_exact_rows_keep_their_own_caches(tiny):
             if ev.finished:
                 batch.remove(k)
         mirrors = {r.key: r.seq.mirror is not None for r in batch.rows}
-        assert mirrors.get("s", True) and not mirrors.get("l", False), mirrors
+        if kernel:
+            assert not any(mirrors.values()), mirrors
+        else:
+            assert mirrors.get("s", True) and not mirrors.get("l", False), mirrors
         sizes = {r.key: r.seq.cache.max_slots for r in batch.rows}
         assert sizes.get("s", 0) < 1024, sizes  # never grown towards the long row's 1100+ slots
     assert out["l"] == solo(target, None, long_, 20, exact=True)

@@ -30,11 +30,12 @@ def time_forward(model, n: int, prefix: int, exact: bool, repeats: int) -> float
     positions = torch.arange(prefix, prefix + n, device=dev)[None]
     chain = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
     kwargs = {"mask": causal_mask(n, prefix, device=dev)[None]}
-    if exact:
-        mirror = None if n == 1 else model.new_cache(n, prefix + n + 1)
+    if exact:  # as SpecDecoder does: the compiled kernel where the target has one, else a mirror per node
+        kernel = model.path_kernel()
+        mirror = None if n == 1 or kernel is not None else model.new_cache(n, prefix + n + 1)
         if mirror is not None:
             mirror.broadcast_from(cache, 0, prefix)
-        kwargs = {"paths": PathAttention.from_tree_mask(chain, prefix, round_up(prefix + n), mirror)}
+        kwargs = {"paths": PathAttention.from_tree_mask(chain, prefix, round_up(prefix + n), mirror, kernel)}
     times = []
     for i in range(repeats + 2):
         t0 = time.perf_counter()

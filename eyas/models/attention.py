@@ -78,6 +78,11 @@ def path_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCach
     start, kv_len = paths.start, paths.masks.shape[-1]
     n, h, dh = q.shape[1], q.shape[2], q.shape[3]
     hk = k.shape[2]
+    if paths.kernel is not None:  # the tree's entries go to slots start .. start + N; nodes read the shared cache
+        cache.update(layer, start, k.transpose(1, 2), v.transpose(1, 2), start + n)
+        y = paths.kernel.path_attention(q[0].to(cache.k.dtype).contiguous(), cache.k[layer, 0], cache.v[layer, 0],
+                                        start, paths.slots, paths.lengths, dh**-0.5)  # [N, H, Dh]
+        return y.view(1, n, h, dh).to(q.dtype)
     if paths.mirror is None:  # a plain step: one row, the cache itself
         mk, mv = cache.k[layer], cache.v[layer]  # [1, Hk, S_max, Dh]
         mk[:, :, start : start + n] = k.transpose(1, 2)

@@ -53,30 +53,39 @@ class PathAttention:
     # committed slots before the tree
     start: int
     # a KV cache with W >= N rows, prefix kept equal to the real cache's (see SpecDecoder);
-    # None for a one-node tree (a plain step): the sequence's own cache row is its mirror
+    # None for a one-node tree (a plain step): the sequence's own cache row is its mirror; and with ``kernel``
     mirror: object | None
+    # the compiled kernel (eyas.kernels.path_attention): every node reads the shared cache, prefix then its path's
+    # slots, in one fixed order, with no mirror
+    kernel: object | None = None
 
     @classmethod
-    def from_tree_mask(cls, tree_mask: torch.Tensor, start: int, kv_len: int, mirror) -> PathAttention:
+    def from_tree_mask(cls, tree_mask: torch.Tensor, start: int, kv_len: int, mirror, kernel=None) -> PathAttention:
         """tree_mask: [N, N] bool ancestor-or-self, nodes topologically ordered; mirror rows >= N.
 
-        ``mirror`` None: a one-node tree (a plain step in exact mode) attends its own cache row.
+        ``mirror`` None: a one-node tree (a plain step in exact mode) attends its own cache row, and with
+        ``kernel`` a tree of any size attends the shared cache.
         """
         n, dev = tree_mask.shape[0], tree_mask.device
-        rows = 1 if mirror is None else int(mirror.k.shape[1])
+        rows = n if kernel is not None else 1 if mirror is None else int(mirror.k.shape[1])
         if rows < n:
             raise ValueError(f"path attention: {n} tree nodes but a mirror of {rows} rows")
         cols = torch.arange(n, device=dev).expand(n, n)
         order = torch.where(tree_mask, cols, cols + n).argsort(dim=1)  # path nodes first, ascending
         lengths = tree_mask.sum(1)
         masks = torch.arange(kv_len, device=dev)[None] < (start + lengths)[:, None]  # [N, S]
-        return cls(order=order, lengths=lengths, masks=masks[:, None, None], start=start, mirror=mirror)
+        return cls(order=order, lengths=lengths, masks=masks[:, None, None], start=start, mirror=mirror, kernel=kernel)
 
     # derived once per forward (every layer reads them)
     @functools.cached_property
     def keep(self) -> torch.Tensor:
         """[N, N] bool: slot j of row r's block holds a path node (the rest is zeroed)."""
         return torch.arange(self.order.shape[1], device=self.order.device)[None] < self.lengths[:, None]
+
+    @functools.cached_property
+    def slots(self) -> torch.Tensor:
+        """[N, N] long: row r's path as cache slots (the tree's entries sit at start + node index)."""
+        return self.order + self.start
 
     @functools.cached_property
     def hidden(self) -> torch.Tensor:
@@ -125,6 +134,12 @@ class TargetModel(ABC):
     row_starts: bool = False
     # ForwardMeta.paths is supported (exact mode for trees)
     path_attention: bool = False
+
+    def path_kernel(self):
+        """Exact mode's compiled tree attention for this target (eyas.kernels), or None: then a tree's
+        path attention needs a mirror (a per-node copy of the cache).
+        """
+        return None
 
     @property
     @abstractmethod

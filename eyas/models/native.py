@@ -199,6 +199,22 @@ class NativeLlama(nn.Module, TargetModel):
         """float32 for a 16-bit model on a CPU (torch's CPU attention is several times faster in fp32), else dtype."""
         return torch.float32 if self.device.type == "cpu" else self.dtype
 
+    def path_kernel(self):
+        """The compiled tree attention (eyas.kernels) where it serves this model: CPU, fp32 cache, a supported
+        head shape. Built on first use; None elsewhere (trees then attend through mirrors).
+        """
+        if not hasattr(self, "_path_kernel"):
+            from eyas import kernels
+
+            c = self.config
+            mod = None
+            if self.device.type == "cpu" and self.kv_dtype == torch.float32:
+                mod = kernels.path_attention()
+                if mod is not None and not mod.supports(c.num_heads // c.num_kv_heads, c.head_dim):
+                    mod = None
+            self._path_kernel = mod
+        return self._path_kernel
+
     def new_cache(self, batch: int, max_slots: int) -> KVCache:
         c = self.config
         slots = round_up(max_slots)  # exact mode attends multiples of KV_BLOCK keys

@@ -1,0 +1,72 @@
+"""Native CPU kernels, compiled on first use for this machine (``torch.utils.cpp_extension``).
+
+``path_attention()`` returns the compiled exact-mode tree attention (``path_attn.cpp``), or None where
+it cannot be built (no C++ compiler or ninja, an unsupported platform) or ``EYAS_PATH_KERNEL=0`` turns it
+off; callers then keep the pure-PyTorch path. The build (about 30 s on 2 cores) happens once per CPU kind
+and torch version: its output lives under ``$EYAS_CACHE/kernels/<key>/`` and later loads take
+milliseconds. ``-march=native`` is part of the key, so a cache copied to another CPU is not reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+_SOURCE = Path(__file__).with_name("path_attn.cpp")
+_lock = threading.Lock()
+_loaded: dict[str, object] = {}
+
+
+def _build_dir() -> Path:
+    from eyas.models.cpu import cpu_flags, cpu_name
+    from eyas.models.loading import cache_root
+
+    key = f"{cpu_name()}|{sorted(cpu_flags())}|{torch.__version__}|{sys.version_info[:2]}|{_SOURCE.read_bytes()!r}"
+    return cache_root() / "kernels" / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def path_attention():
+    """The compiled module (``path_attention(q, k, v, start, path, lengths, scale)``, ``supports(group, head_dim)``),
+    or None where it is off or cannot be built (a one-line warning says why, once).
+    """
+    if os.environ.get("EYAS_PATH_KERNEL", "1") == "0":
+        return None
+    with _lock:
+        if "path_attn" not in _loaded:
+            _loaded["path_attn"] = _build()
+        return _loaded["path_attn"]
+
+
+def _build():
+    from torch.utils.cpp_extension import load
+
+    out = _build_dir()
+    fresh = not any(out.glob("*.so"))
+    _ninja_on_path()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            print("eyas: compiling the exact-mode tree attention kernel for this CPU (once, ~30 s)", file=sys.stderr)
+        flags = ["-O3", "-march=native"] if sys.platform.startswith("linux") else ["-O3"]
+        return load("eyas_path_attn", [str(_SOURCE)], extra_cflags=flags, build_directory=str(out), verbose=False)
+    except Exception as e:  # no compiler, no ninja, a failed build: exact mode keeps its PyTorch path
+        warnings.warn(f"eyas: exact-mode attention kernel unavailable ({type(e).__name__}: {str(e)[:200]}); "
+                      f"using the slower PyTorch path (set EYAS_PATH_KERNEL=0 to skip the build)", stacklevel=2)
+        return None
+
+
+def _ninja_on_path() -> None:
+    """torch's extension builder runs ``ninja`` from PATH; the PyPI wheel's copy sits beside this interpreter,
+    which is not on PATH when eyas runs as ``.venv/bin/eyas`` without an activated venv.
+    """
+    if shutil.which("ninja") is None:
+        bindir = Path(sys.executable).parent
+        if (bindir / "ninja").exists():
+            os.environ["PATH"] = f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"

@@ -1,0 +1,161 @@
+// Exact-mode tree attention on the CPU, computed in one fixed order per query row.
+//
+// Row r (a tree node, or the single token of a plain step) attends the committed prefix, slots
+// 0 .. start - 1, then its root-to-node path, slots path[r, 0 .. len_r - 1], in that logical order.
+// Every quantity is accumulated along that logical order with a fixed lane pattern, so a node's
+// output depends only on the keys/values it attends and their order: the same bits as when a plain
+// step (path = the token's own slot, prefix = everything before it) computes that token after
+// commit, however many rows share the call and however the threads split them. No per-row copy of
+// the cache (the "mirror") is needed: every row reads the shared prefix.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int LANES = 16;
+
+// exp for x <= 0 (softmax after max subtraction): 2^n * p(r), |rel err| < 2e-7; branch-free, vectorizes
+inline float exp_neg(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
+  const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// one (row, KV head): G query heads of DH dims over ``total`` attended slots, in logical order
+template <int G, int DH>
+void attend_one(const float* q, const float* kb, const float* vb, int64_t ks, int64_t vs, int64_t start,
+                const int64_t* path, int64_t total, float sc, float* w, float* out) {
+  auto slot = [&](int64_t i) { return i < start ? i : path[i - start]; };
+  float m[G];
+  for (int g = 0; g < G; ++g) m[g] = -INFINITY;
+  for (int64_t i = 0; i < total; ++i) {  // scores: each key row read once for the G queries
+    const float* kr = kb + slot(i) * ks;
+    for (int g = 0; g < G; ++g) {
+      float acc[LANES] = {0};
+      for (int d0 = 0; d0 < DH; d0 += LANES)
+        for (int l = 0; l < LANES; ++l) acc[l] += q[g * DH + d0 + l] * kr[d0 + l];
+      for (int half = LANES / 2; half > 0; half /= 2)  // fixed pairwise tree
+        for (int l = 0; l < half; ++l) acc[l] += acc[l + half];
+      const float x = acc[0] * sc;
+      w[g * total + i] = x;
+      m[g] = x > m[g] ? x : m[g];
+    }
+  }
+  for (int g = 0; g < G; ++g) {  // softmax weights; the sum in 16 lanes by logical index, then a fixed tree
+    float* wg = w + g * total;
+    float part[LANES] = {0};
+    int64_t i0 = 0;
+    for (; i0 + LANES <= total; i0 += LANES)
+      for (int l = 0; l < LANES; ++l) {
+        const float e = exp_neg(wg[i0 + l] - m[g]);
+        wg[i0 + l] = e;
+        part[l] += e;
+      }
+    for (int64_t i = i0; i < total; ++i) {
+      const float e = exp_neg(wg[i] - m[g]);
+      wg[i] = e;
+      part[i - i0] += e;
+    }
+    for (int half = LANES / 2; half > 0; half /= 2)
+      for (int l = 0; l < half; ++l) part[l] += part[l + half];
+    const float inv = 1.0f / part[0];
+    for (int64_t i = 0; i < total; ++i) wg[i] *= inv;
+  }
+  float acc[G][DH] = {};
+  for (int64_t i = 0; i < total; ++i) {  // values: each row read once for the G queries
+    const float* vr = vb + slot(i) * vs;
+    for (int g = 0; g < G; ++g) {
+      const float wi = w[g * total + i];
+      for (int d = 0; d < DH; ++d) acc[g][d] += wi * vr[d];
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int d = 0; d < DH; ++d) out[g * DH + d] = acc[g][d];
+}
+
+using Fn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t, const int64_t*, int64_t,
+                    float, float*, float*);
+
+template <int DH>
+Fn pick_group(int64_t g) {
+  switch (g) {
+    case 1: return attend_one<1, DH>;
+    case 2: return attend_one<2, DH>;
+    case 3: return attend_one<3, DH>;
+    case 4: return attend_one<4, DH>;
+    case 6: return attend_one<6, DH>;
+    case 8: return attend_one<8, DH>;
+    default: return nullptr;
+  }
+}
+
+Fn pick(int64_t group, int64_t dh) {
+  switch (dh) {
+    case 16: return pick_group<16>(group);
+    case 32: return pick_group<32>(group);
+    case 64: return pick_group<64>(group);
+    case 128: return pick_group<128>(group);
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+bool supports(int64_t group, int64_t head_dim) { return pick(group, head_dim) != nullptr; }
+
+// q [N, H, Dh] fp32; k, v [Hk, S, Dh] fp32 (one sequence's cache for one layer); path [N, P] int64 slots;
+// lengths [N] int64 (1 <= len <= P) -> out [N, H, Dh] fp32
+torch::Tensor path_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t start, torch::Tensor path,
+                             torch::Tensor lengths, double scale) {
+  TORCH_CHECK(q.dtype() == torch::kFloat32 && k.dtype() == torch::kFloat32 && v.dtype() == torch::kFloat32,
+              "path_attention: fp32 q, k, v");
+  TORCH_CHECK(q.is_contiguous() && k.stride(2) == 1 && v.stride(2) == 1, "path_attention: contiguous head dims");
+  TORCH_CHECK(path.dtype() == torch::kInt64 && lengths.dtype() == torch::kInt64, "path_attention: int64 slots");
+  const int64_t n = q.size(0), h = q.size(1), dh = q.size(2), hk = k.size(0), p = path.size(1);
+  const int64_t group = h / hk;
+  const Fn fn = pick(group, dh);
+  TORCH_CHECK(fn != nullptr, "path_attention: unsupported head_dim / group ", dh, " / ", group);
+  auto path_c = path.contiguous();
+  auto len_c = lengths.contiguous();
+  auto out = torch::empty_like(q);
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  const int64_t* pp = path_c.data_ptr<int64_t>();
+  const int64_t* lp = len_c.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  const int64_t ks0 = k.stride(0), ks1 = k.stride(1), vs0 = v.stride(0), vs1 = v.stride(1);
+  const float sc = static_cast<float>(scale);
+  // one task per (row, KV head); a task's arithmetic does not depend on how the tasks are split
+  at::parallel_for(0, n * hk, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<float> w;
+    for (int64_t task = lo; task < hi; ++task) {
+      const int64_t r = task / hk, kvh = task % hk;
+      const int64_t total = start + lp[r];
+      w.resize(group * total);
+      const int64_t head0 = r * h + kvh * group;
+      fn(qp + head0 * dh, kp + kvh * ks0, vp + kvh * vs0, ks1, vs1, start, pp + r * p, total, sc, w.data(),
+         op + head0 * dh);
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("path_attention", &path_attention, "exact-mode tree attention (CPU)");
+  m.def("supports", &supports, "whether a (query heads per KV head, head_dim) pair has a kernel"); }
