@@ -110,7 +110,7 @@ def read_questions(path: str, limit: int | None) -> list[dict]:
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"questions file {path} does not exist")
-    rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in p.read_text(encoding="utf-8").split("\n") if line.strip()]
     if not rows or "turns" not in rows[0]:
         raise ValueError(f"{path}: expected EAGLE/Spec-Bench jsonl with a 'turns' list per line")
     return rows[:limit] if limit else rows

@@ -93,7 +93,7 @@ class OutputFile:
             with open(self.path, "ab") as f:
                 f.write(b"\n")
         done = set()
-        for n, line in enumerate(data.decode("utf-8").splitlines(), 1):
+        for n, line in enumerate(data.decode("utf-8").split("\n"), 1):
             if not line.strip():
                 continue
             try:

@@ -177,7 +177,7 @@ def _load_records(path: Path) -> list:
             raise ValueError(f"{path}: expected a JSON array of records or a .jsonl file")
         return data
     records = []
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(text.split("\n"), 1):  # not splitlines(): U+2028 may sit in a string
         if line.strip():
             try:
                 records.append(json.loads(line))

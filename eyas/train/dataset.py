@@ -41,7 +41,7 @@ def read_conversations(paths: list[str | Path], log=print) -> list[dict]:
         p = Path(path)
         if not p.exists():
             raise FileNotFoundError(f"training data {p} does not exist; create it with `eyas data --out {p}`")
-        lines = p.read_text(encoding="utf-8").splitlines()
+        lines = p.read_text(encoding="utf-8").split("\n")  # not splitlines(): U+2028 etc. occur inside JSON strings
         last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
         for i, line in enumerate(lines):
             if not line.strip():

@@ -240,5 +240,5 @@ def _plot_history(history: Path, out: Path) -> None:
     """OUT/train_curve.png: held-aside tau and step-0 accuracy against training tokens."""
     from eyas.bench.plot import plot_train
 
-    records = [json.loads(line) for line in history.read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in history.read_text(encoding="utf-8").split("\n") if line.strip()]
     plot_train(records, str(out))

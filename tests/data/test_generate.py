@@ -329,6 +329,18 @@ def test_output_file_repairs_only_a_cut_last_line(tmp_path) -> None:
     assert not OutputFile(tmp_path / "new.jsonl").resume() and not (tmp_path / "new.jsonl").exists()
 
 
+def test_resume_reads_lines_whose_text_holds_unicode_line_separators(tmp_path) -> None:
+    # the model writes U+2028 / U+0085 / \x1c now and then; json.dumps(ensure_ascii=False) keeps them raw, and
+    # str.splitlines() would cut such a record in two
+    path = tmp_path / "o.jsonl"
+    out = OutputFile(path)
+    out.write({"id": "a:0", "text": "one\u2028two\x85three\x1cfour"})
+    out.write({"id": "a:1", "text": "plain"})
+    out.close()
+    assert "\u2028" in path.read_text(encoding="utf-8")
+    assert OutputFile(path).resume() == {"a:0", "a:1"}
+
+
 def test_command_errors_name_the_fix(tmp_path, monkeypatch) -> None:
     monkeypatch.delenv("EYAS_DATA_DIR", raising=False)
     with pytest.raises(FileNotFoundError, match="--data-dir"):

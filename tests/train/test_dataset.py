@@ -29,6 +29,14 @@ def test_sharegpt_and_openai_records_read_alike(tmp_path):
     assert convs[0]["messages"] == convs[1]["messages"]
 
 
+def test_unicode_line_separators_inside_a_record_do_not_split_it(tmp_path):
+    f = tmp_path / "d.jsonl"
+    msgs = [{"role": "user", "content": "a\u2028b"}, {"role": "assistant", "content": "c\x85d\u2029e"}]
+    f.write_text(json.dumps({"id": "a", "messages": msgs}, ensure_ascii=False) + "\n", encoding="utf-8")
+    convs = read_conversations([f])
+    assert [c["messages"] for c in convs] == [msgs]
+
+
 def test_a_cut_last_line_is_skipped_with_a_warning_naming_it(tmp_path):
     f = tmp_path / "d.jsonl"
     good = json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"},
