@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -157,5 +158,57 @@ torch::Tensor path_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, 
   return out;
 }
 
+// Batched decode (one new token per row, rows of different lengths, as in `eyas data`): row b's queries attend
+// slots 0 .. lengths[b] - 1 of its own cache row, nothing past them (torch's fused attention reads every row
+// up to the longest one under a mask). q [B, H, Dh] fp32; k, v [B, Hk, S, Dh] fp32 (head dims contiguous);
+// lengths [B] int64 (1 <= len <= S) -> out [B, H, Dh] fp32. Same per-task arithmetic as path_attention.
+torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor lengths,
+                               double scale) {
+  TORCH_CHECK(q.dtype() == torch::kFloat32 && k.dtype() == torch::kFloat32 && v.dtype() == torch::kFloat32,
+              "decode_attention: fp32 q, k, v");
+  TORCH_CHECK(q.is_contiguous() && k.stride(3) == 1 && v.stride(3) == 1, "decode_attention: contiguous head dims");
+  TORCH_CHECK(lengths.dtype() == torch::kInt64 && lengths.numel() == q.size(0), "decode_attention: [B] int64 lengths");
+  const int64_t b = q.size(0), h = q.size(1), dh = q.size(2), hk = k.size(1), s = k.size(2);
+  const int64_t group = h / hk;
+  const Fn fn = pick(group, dh);
+  TORCH_CHECK(fn != nullptr, "decode_attention: unsupported head_dim / group ", dh, " / ", group);
+  auto len_c = lengths.contiguous();
+  const int64_t* lp = len_c.data_ptr<int64_t>();
+  for (int64_t r = 0; r < b; ++r) TORCH_CHECK(lp[r] >= 1 && lp[r] <= s, "decode_attention: length out of range");
+  auto out = torch::empty_like(q);
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t kb = k.stride(0), kh = k.stride(1), ks = k.stride(2);
+  const int64_t vb = v.stride(0), vh = v.stride(1), vs = v.stride(2);
+  const float sc = static_cast<float>(scale);
+  // tasks (row, KV head) in order, cut into one contiguous range per thread of about equal key count
+  const int64_t tasks = b * hk;
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), tasks));
+  std::vector<int64_t> bound(nt + 1, tasks);
+  bound[0] = 0;
+  int64_t all = 0;
+  for (int64_t r = 0; r < b; ++r) all += lp[r] * hk;
+  int64_t acc = 0, t = 1;
+  for (int64_t task = 0; task < tasks && t < nt; ++task) {
+    acc += lp[task / hk];
+    while (t < nt && acc * nt >= all * t) bound[t++] = task + 1;
+  }
+  at::parallel_for(0, nt, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<float> w;
+    for (int64_t part = lo; part < hi; ++part)
+      for (int64_t task = bound[part]; task < bound[part + 1]; ++task) {
+        const int64_t r = task / hk, kvh = task % hk, total = lp[r];
+        w.resize(group * total);
+        const int64_t head0 = r * h + kvh * group;
+        fn(qp + head0 * dh, kp + r * kb + kvh * kh, vp + r * vb + kvh * vh, ks, vs, total, nullptr, total, sc,
+           w.data(), op + head0 * dh);
+      }
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("path_attention", &path_attention, "exact-mode tree attention (CPU)");
+  m.def("decode_attention", &decode_attention, "batched one-token decode over per-row lengths (CPU)");
   m.def("supports", &supports, "whether a (query heads per KV head, head_dim) pair has a kernel"); }

@@ -47,6 +47,9 @@ class AttnMeta:
     mask: torch.Tensor | None = None
     # exact mode: one PathAttention per batch row (its tree's first N_b of the T tokens), instead of ``mask``
     paths: list[PathAttention] | None = None
+    # one-token batched decode through the compiled kernel (eyas.kernels): [B] long slots attended per row
+    lengths: torch.Tensor | None = None
+    kernel: object | None = None
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int, meta: AttnMeta,
@@ -63,6 +66,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, la
                                              cache.rows(b, b + 1), layer, pa)
         return out
     keys, values = cache.update(layer, meta.start, k.transpose(1, 2), v.transpose(1, 2), meta.kv_len)
+    if meta.lengths is not None:  # [B, 1, H, Dh]: each row over its own length, not all rows up to kv_len
+        y = meta.kernel.decode_attention(q[:, 0].to(keys.dtype).contiguous(), cache.k[layer], cache.v[layer],
+                                         meta.lengths, q.shape[-1] ** -0.5)  # [B, H, Dh]
+        return y[:, None].to(q.dtype)
     qt = q.transpose(1, 2).to(keys.dtype)  # [B, H, T, Dh]
     y = F.scaled_dot_product_attention(qt, keys, values, attn_mask=meta.mask, is_causal=is_causal,
                                        enable_gqa=keys.shape[1] != qt.shape[1])

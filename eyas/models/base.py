@@ -114,6 +114,9 @@ class ForwardMeta:
     paths: list[PathAttention] | None = None
     # keys attended (sizes the mask); None = start + T
     kv_len: int | None = None
+    # [B] long, one-token decode only: row b attends slots 0 .. row_lengths[b] - 1 (what ``mask`` says too); a
+    # backend may attend each row over its own length instead of reading every row up to kv_len under the mask
+    row_lengths: torch.Tensor | None = None
     # [R] long rows of T to compute logits for; None = all
     logits_idx: torch.Tensor | None = None
     # layer indices whose input residual stream to return (EAGLE-3 taps)

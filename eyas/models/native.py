@@ -200,8 +200,9 @@ class NativeLlama(nn.Module, TargetModel):
         return torch.float32 if self.device.type == "cpu" else self.dtype
 
     def path_kernel(self):
-        """The compiled tree attention (eyas.kernels) where it serves this model: CPU, fp32 cache, a supported
-        head shape. Built on first use; None elsewhere (trees then attend through mirrors).
+        """The compiled attention (eyas.kernels: exact mode's trees, batched decode over per-row lengths) where it
+        serves this model: CPU, fp32 cache, a supported head shape. Built on first use; None elsewhere (trees then
+        attend through mirrors, batched decode through torch's fused attention under a mask).
         """
         if not hasattr(self, "_path_kernel"):
             from eyas import kernels
@@ -282,6 +283,8 @@ class NativeLlama(nn.Module, TargetModel):
                                      f"most {t} nodes, got kv_len {s}, {pa.order.shape[0]} nodes")
             return AttnMeta(start=start, kv_len=max(pa.masks.shape[-1] for pa in paths), paths=paths)
         kv_len = kv_len if kv_len is not None else start + t
+        if meta.row_lengths is not None and t == 1 and self.path_kernel() is not None:
+            return AttnMeta(start=start, kv_len=kv_len, lengths=meta.row_lengths, kernel=self.path_kernel())
         if mask is None and (t > 1 or kv_len != start + t):
             mask = causal_mask(t, start, kv_len, tokens.device).expand(b, t, kv_len)
         return AttnMeta(start=start, kv_len=kv_len, mask=None if mask is None else mask[:, None])

@@ -87,3 +87,27 @@ def test_unsupported_shapes_are_refused(kernel):
 def test_off_switch(monkeypatch):
     monkeypatch.setenv("EYAS_PATH_KERNEL", "0")
     assert kernels.path_attention() is None
+
+
+@pytest.mark.parametrize("h,hk,dh", [(9, 3, 64), (4, 2, 16)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_attention_reads_each_row_over_its_own_length(kernel, h, hk, dh, threads):
+    """Batched one-token decode (eyas data): row b attends slots < lengths[b] of its own cache row, equal to
+    attention under the prefix mask; the cache is a strided view (layer l, rows lo..hi of the full cache)."""
+    g = torch.Generator().manual_seed(dh + threads)
+    full_k, full_v = torch.randn(2, 7, hk, 200, dh, generator=g), torch.randn(2, 7, hk, 200, dh, generator=g)
+    k, v = full_k[1, 2:7], full_v[1, 2:7]  # [5, Hk, 200, Dh], not contiguous
+    lengths = torch.tensor([1, 200, 37, 64, 150])
+    q = torch.randn(5, h, dh, generator=g)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = kernel.decode_attention(q, k, v, lengths, dh**-0.5)
+    finally:
+        torch.set_num_threads(old)
+    for b in range(5):
+        slots = torch.arange(int(lengths[b]))
+        torch.testing.assert_close(out[b].double(), _reference(q[b], k[b], v[b], slots, dh**-0.5), atol=2e-6,
+                                   rtol=1e-5)
+    with pytest.raises(RuntimeError, match="length out of range"):
+        kernel.decode_attention(q, k, v, torch.tensor([1, 2, 3, 4, 201]), dh**-0.5)
