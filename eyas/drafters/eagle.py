@@ -25,6 +25,7 @@ from eyas.kv.static import KVCache
 from eyas.models.base import causal_mask
 from eyas.models.config import ModelConfig
 from eyas.models.native import DecoderLayer, rope_tables
+from eyas.models.packed import pack_linears_
 from eyas.types import DraftOutput, SamplingParams, Tree
 
 
@@ -118,6 +119,7 @@ class EagleDrafter(Drafter):
                 raise ValueError("the eagle drafter needs a head directory: --drafter PATH")
             head = load_eagle_head(Path(path), self.target.config, self.target.dtype)
         self.head = head.to(head_compute_dtype(self.target))
+        pack_linears_(self.head)  # bf16 on a CPU: prepacked oneDNN weights (eyas.models.packed), same bits
         self.expansion = make_expansion(tree)
         self.max_nodes = self.expansion.max_nodes
 

@@ -25,6 +25,7 @@ from eyas.models.layers import (  # noqa: F401  (re-exported: the heads build on
     rope_tables,
     vocab_logits,
 )
+from eyas.models.packed import pack_linears_
 from eyas.models.quant import QUANTIZE_CHOICES, quantize_int8_
 
 
@@ -162,6 +163,7 @@ class NativeLlama(nn.Module, TargetModel):
         self.inv_freq = cfg.inv_freq()
         self._rope = torch.empty(0, 2, cfg.head_dim)  # [P, 2, Dh] fp32 cos / signed sin, grown on demand
         self.row_floors = RowFloor()
+        pack_linears_(self)  # bf16 CPU inference on oneDNN-prepacked weights: same bits, 2-4x faster GEMVs
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -225,7 +227,7 @@ class NativeLlama(nn.Module, TargetModel):
         return self.model.embed_tokens(tokens)
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        if type(self.lm_head_proj) is not nn.Linear:  # int8 (eyas.models.quant)
+        if not isinstance(self.lm_head_proj, nn.Linear):  # int8 (eyas.models.quant)
             return self.lm_head_proj(hidden)
         return vocab_logits(self.lm_head_proj, hidden)
 
