@@ -20,6 +20,10 @@ from pathlib import Path
 import torch
 
 _SOURCE = Path(__file__).with_name("path_attn.cpp")
+# -fopenmp: at::parallel_for is a header template, compiled into this module; without OpenMP its tasks run on
+# one thread
+_FLAGS = ["-O3", "-march=native", "-fopenmp"] if sys.platform.startswith("linux") else ["-O3"]
+_LDFLAGS = ["-fopenmp"] if sys.platform.startswith("linux") else []
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}
 
@@ -28,7 +32,8 @@ def _build_dir() -> Path:
     from eyas.models.cpu import cpu_flags, cpu_name
     from eyas.models.loading import cache_root
 
-    key = f"{cpu_name()}|{sorted(cpu_flags())}|{torch.__version__}|{sys.version_info[:2]}|{_SOURCE.read_bytes()!r}"
+    key = (f"{cpu_name()}|{sorted(cpu_flags())}|{torch.__version__}|{sys.version_info[:2]}|{_FLAGS}|"
+           f"{_SOURCE.read_bytes()!r}")
     return cache_root() / "kernels" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -54,8 +59,8 @@ def _build():
         out.mkdir(parents=True, exist_ok=True)
         if fresh:
             print("eyas: compiling the exact-mode tree attention kernel for this CPU (once, ~30 s)", file=sys.stderr)
-        flags = ["-O3", "-march=native"] if sys.platform.startswith("linux") else ["-O3"]
-        return load("eyas_path_attn", [str(_SOURCE)], extra_cflags=flags, build_directory=str(out), verbose=False)
+        return load("eyas_path_attn", [str(_SOURCE)], extra_cflags=_FLAGS, extra_ldflags=_LDFLAGS,
+                    build_directory=str(out), verbose=False)
     except Exception as e:  # no compiler, no ninja, a failed build: exact mode keeps its PyTorch path
         warnings.warn(f"eyas: exact-mode attention kernel unavailable ({type(e).__name__}: {str(e)[:200]}); "
                       f"using the slower PyTorch path (set EYAS_PATH_KERNEL=0 to skip the build)", stacklevel=2)

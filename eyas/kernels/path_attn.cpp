@@ -16,6 +16,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 constexpr int LANES = 16;
@@ -116,6 +120,116 @@ Fn pick(int64_t group, int64_t dh) {
   }
 }
 
+#if defined(__AVX512F__)
+// exp_neg on 16 lanes (the same polynomial); 2^n through scalef
+inline __m512 exp_neg16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
+
+// decode: one (row, KV head), slots 0 .. total - 1. No fixed-order promise (a row's result is its own
+// whatever the batch, but not bit-equal to path_attention's), so it runs on registers: keys once for the
+// G queries, softmax normalised at the end.
+template <int G, int DH>
+void decode_one(const float* q, const float* kb, const float* vb, int64_t ks, int64_t vs, int64_t total, float sc,
+                float* w, float* out) {
+#if defined(__AVX512F__)
+  if constexpr (DH % 16 == 0) {
+    constexpr int NV = DH / 16;
+    __m512 qv[G][NV];
+    for (int g = 0; g < G; ++g)
+      for (int j = 0; j < NV; ++j) qv[g][j] = _mm512_mul_ps(_mm512_loadu_ps(q + g * DH + 16 * j), _mm512_set1_ps(sc));
+    float m[G];
+    for (int g = 0; g < G; ++g) m[g] = -INFINITY;
+    for (int64_t i = 0; i < total; ++i) {
+      const float* kr = kb + i * ks;
+      __m512 kx[NV];
+      for (int j = 0; j < NV; ++j) kx[j] = _mm512_loadu_ps(kr + 16 * j);
+      for (int g = 0; g < G; ++g) {
+        __m512 a = _mm512_mul_ps(qv[g][0], kx[0]);
+        for (int j = 1; j < NV; ++j) a = _mm512_fmadd_ps(qv[g][j], kx[j], a);
+        const float x = _mm512_reduce_add_ps(a);
+        w[g * total + i] = x;
+        m[g] = x > m[g] ? x : m[g];
+      }
+    }
+    float inv[G];
+    for (int g = 0; g < G; ++g) {
+      float* wg = w + g * total;
+      const __m512 mm = _mm512_set1_ps(m[g]);
+      __m512 sum = _mm512_setzero_ps();
+      int64_t i0 = 0;
+      for (; i0 + 16 <= total; i0 += 16) {
+        const __m512 e = exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(wg + i0), mm));
+        _mm512_storeu_ps(wg + i0, e);
+        sum = _mm512_add_ps(sum, e);
+      }
+      if (i0 < total) {
+        const __mmask16 k = static_cast<__mmask16>((1u << (total - i0)) - 1u);
+        const __m512 e = _mm512_maskz_mov_ps(k, exp_neg16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, wg + i0), mm)));
+        _mm512_mask_storeu_ps(wg + i0, k, e);
+        sum = _mm512_add_ps(sum, e);
+      }
+      inv[g] = 1.0f / _mm512_reduce_add_ps(sum);
+    }
+    __m512 acc[G][NV];
+    for (int g = 0; g < G; ++g)
+      for (int j = 0; j < NV; ++j) acc[g][j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < total; ++i) {
+      const float* vr = vb + i * vs;
+      __m512 vx[NV];
+      for (int j = 0; j < NV; ++j) vx[j] = _mm512_loadu_ps(vr + 16 * j);
+      for (int g = 0; g < G; ++g) {
+        const __m512 wi = _mm512_set1_ps(w[g * total + i]);
+        for (int j = 0; j < NV; ++j) acc[g][j] = _mm512_fmadd_ps(wi, vx[j], acc[g][j]);
+      }
+    }
+    for (int g = 0; g < G; ++g)
+      for (int j = 0; j < NV; ++j)
+        _mm512_storeu_ps(out + g * DH + 16 * j, _mm512_mul_ps(acc[g][j], _mm512_set1_ps(inv[g])));
+    return;
+  }
+#endif
+  attend_one<G, DH>(q, kb, vb, ks, vs, total, nullptr, total, sc, w, out);
+}
+
+using DecodeFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t, float, float*, float*);
+
+template <int DH>
+DecodeFn pick_decode_group(int64_t g) {
+  switch (g) {
+    case 1: return decode_one<1, DH>;
+    case 2: return decode_one<2, DH>;
+    case 3: return decode_one<3, DH>;
+    case 4: return decode_one<4, DH>;
+    case 6: return decode_one<6, DH>;
+    case 8: return decode_one<8, DH>;
+    default: return nullptr;
+  }
+}
+
+DecodeFn pick_decode(int64_t group, int64_t dh) {
+  switch (dh) {
+    case 16: return pick_decode_group<16>(group);
+    case 32: return pick_decode_group<32>(group);
+    case 64: return pick_decode_group<64>(group);
+    case 128: return pick_decode_group<128>(group);
+    default: return nullptr;
+  }
+}
+
 }  // namespace
 
 bool supports(int64_t group, int64_t head_dim) { return pick(group, head_dim) != nullptr; }
@@ -161,7 +275,7 @@ torch::Tensor path_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, 
 // Batched decode (one new token per row, rows of different lengths, as in `eyas data`): row b's queries attend
 // slots 0 .. lengths[b] - 1 of its own cache row, nothing past them (torch's fused attention reads every row
 // up to the longest one under a mask). q [B, H, Dh] fp32; k, v [B, Hk, S, Dh] fp32 (head dims contiguous);
-// lengths [B] int64 (1 <= len <= S) -> out [B, H, Dh] fp32. Same per-task arithmetic as path_attention.
+// lengths [B] int64 (1 <= len <= S) -> out [B, H, Dh] fp32. With AVX-512, register-blocked (decode_one).
 torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor lengths,
                                double scale) {
   TORCH_CHECK(q.dtype() == torch::kFloat32 && k.dtype() == torch::kFloat32 && v.dtype() == torch::kFloat32,
@@ -170,7 +284,7 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
   TORCH_CHECK(lengths.dtype() == torch::kInt64 && lengths.numel() == q.size(0), "decode_attention: [B] int64 lengths");
   const int64_t b = q.size(0), h = q.size(1), dh = q.size(2), hk = k.size(1), s = k.size(2);
   const int64_t group = h / hk;
-  const Fn fn = pick(group, dh);
+  const DecodeFn fn = pick_decode(group, dh);
   TORCH_CHECK(fn != nullptr, "decode_attention: unsupported head_dim / group ", dh, " / ", group);
   auto len_c = lengths.contiguous();
   const int64_t* lp = len_c.data_ptr<int64_t>();
@@ -202,8 +316,8 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
         const int64_t r = task / hk, kvh = task % hk, total = lp[r];
         w.resize(group * total);
         const int64_t head0 = r * h + kvh * group;
-        fn(qp + head0 * dh, kp + r * kb + kvh * kh, vp + r * vb + kvh * vh, ks, vs, total, nullptr, total, sc,
-           w.data(), op + head0 * dh);
+        fn(qp + head0 * dh, kp + r * kb + kvh * kh, vp + r * vb + kvh * vh, ks, vs, total, sc, w.data(),
+           op + head0 * dh);
       }
   });
   return out;
