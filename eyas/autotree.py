@@ -33,6 +33,7 @@ from eyas.drafters.loading import DrafterSpec, default_drafter_name, detect_kind
 from eyas.formats.eagle3 import load_eagle3
 from eyas.models.cpu import cpu_name
 from eyas.models.loading import LoadedTarget, cache_root
+from eyas.models.packed import packed_weights
 from eyas.tree import make_tree
 from eyas.tree.sizing import AcceptanceProfile, DraftCost, TreeChoice, choose_tree
 from eyas.types import DraftOutput, SamplingParams
@@ -104,6 +105,8 @@ def machine_key(target: LoadedTarget, head_dir: Path, exact: bool) -> dict:
             "head": head_dir.name, "widths": list(WIDTHS),
             # exact mode's compiled tree attention (eyas.kernels) or per-node mirrors: different costs by width
             "path_kernel": exact and getattr(target.model, "path_kernel", lambda: None)() is not None,
+            # bf16 projections on prepacked weights (eyas.models.packed) are several times cheaper at few rows
+            "packed": packed_weights(),
             # int8 projections cost differently by width (eyas.models.quant): a separate table
             "quantized": sorted({type(m).__name__ for m in target.model.modules() if hasattr(m, "scales")})}
 

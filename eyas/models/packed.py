@@ -92,6 +92,11 @@ class PackedLinear(nn.Linear):
         return packed
 
 
+def packed_weights() -> bool:
+    """Whether PackedLinear packs on this machine (oneDNN bf16 available, not turned off)."""
+    return _AVAILABLE
+
+
 def pack_linears_(model: nn.Module) -> int:
     """Make every plain nn.Linear under ``model`` a PackedLinear in place (class swap: parameters, names
     and state dict unchanged); returns the count. Packing itself waits for the first bf16 CPU forward.
