@@ -154,7 +154,7 @@ class RefillEngine:
     def run(self, jobs: Jobs) -> None:
         """Decode until ``jobs`` has nothing left and every row is done."""
         live = _Live()
-        cache = self.model.new_cache(self.cfg.batch_size, self.cfg.slots)
+        cache = self.model.new_cache(self.cfg.batch_size, self.cfg.slots, self._kv_dtype())
         logits = None  # [n, V] float32: next-token logits of every live row
         pending: deque[tuple[Job, _Stash | None]] = deque()  # follow-up jobs first, before new ones
         self._shared: dict[tuple[int, ...], _Stash] = {}  # shared prompts' keys/values (all but the last token)
@@ -258,12 +258,16 @@ class RefillEngine:
         if need <= cache.max_slots:
             return cache
         slots = min(max(need, 2 * cache.max_slots), self.model.config.max_position_embeddings, self.cfg.max_slots)
-        grown = self.model.new_cache(self.cfg.batch_size, slots)
+        grown = self.model.new_cache(self.cfg.batch_size, slots, self._kv_dtype())
         if live:
             top = max(live.lens)
             grown.k[:, :, :, :top] = cache.k[:, :, :, :top]
             grown.v[:, :, :, :top] = cache.v[:, :, :, :top]
         return grown
+
+    def _kv_dtype(self) -> torch.dtype | None:
+        """bf16 where the decode kernel reads it (half the bytes per step, the same values), else the default."""
+        return self.model.decode_kv_dtype() if hasattr(self.model, "decode_kv_dtype") else None
 
     def _prefill(self, prompts: list[list[int]], held: list[int], cache: KVCache) -> torch.Tensor:
         """Prompts into cache rows whose first ``held[b]`` slots already hold prompt b's first tokens.

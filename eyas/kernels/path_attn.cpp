@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -139,11 +140,21 @@ inline __m512 exp_neg16(__m512 x) {
 }
 #endif
 
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+// bf16 -> fp32 is exact: the 16 stored bits become the high half
+inline __m512 load16(const uint16_t* p) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+#endif
+
 // decode: one (row, KV head), slots 0 .. total - 1. No fixed-order promise (a row's result is its own
 // whatever the batch, but not bit-equal to path_attention's), so it runs on registers: keys once for the
 // G queries, softmax normalised at the end.
-template <int G, int DH>
-void decode_one(const float* q, const float* kb, const float* vb, int64_t ks, int64_t vs, int64_t total, float sc,
+// T: the cache's element type, float or bfloat16 (as uint16_t; AVX-512 builds only).
+template <int G, int DH, typename T>
+void decode_one(const float* q, const T* kb, const T* vb, int64_t ks, int64_t vs, int64_t total, float sc,
                 float* w, float* out) {
 #if defined(__AVX512F__)
   if constexpr (DH % 16 == 0) {
@@ -154,9 +165,9 @@ void decode_one(const float* q, const float* kb, const float* vb, int64_t ks, in
     float m[G];
     for (int g = 0; g < G; ++g) m[g] = -INFINITY;
     for (int64_t i = 0; i < total; ++i) {
-      const float* kr = kb + i * ks;
+      const T* kr = kb + i * ks;
       __m512 kx[NV];
-      for (int j = 0; j < NV; ++j) kx[j] = _mm512_loadu_ps(kr + 16 * j);
+      for (int j = 0; j < NV; ++j) kx[j] = load16(kr + 16 * j);
       for (int g = 0; g < G; ++g) {
         __m512 a = _mm512_mul_ps(qv[g][0], kx[0]);
         for (int j = 1; j < NV; ++j) a = _mm512_fmadd_ps(qv[g][j], kx[j], a);
@@ -188,9 +199,9 @@ void decode_one(const float* q, const float* kb, const float* vb, int64_t ks, in
     for (int g = 0; g < G; ++g)
       for (int j = 0; j < NV; ++j) acc[g][j] = _mm512_setzero_ps();
     for (int64_t i = 0; i < total; ++i) {
-      const float* vr = vb + i * vs;
+      const T* vr = vb + i * vs;
       __m512 vx[NV];
-      for (int j = 0; j < NV; ++j) vx[j] = _mm512_loadu_ps(vr + 16 * j);
+      for (int j = 0; j < NV; ++j) vx[j] = load16(vr + 16 * j);
       for (int g = 0; g < G; ++g) {
         const __m512 wi = _mm512_set1_ps(w[g * total + i]);
         for (int j = 0; j < NV; ++j) acc[g][j] = _mm512_fmadd_ps(wi, vx[j], acc[g][j]);
@@ -202,33 +213,41 @@ void decode_one(const float* q, const float* kb, const float* vb, int64_t ks, in
     return;
   }
 #endif
-  attend_one<G, DH>(q, kb, vb, ks, vs, total, nullptr, total, sc, w, out);
+  if constexpr (std::is_same_v<T, float>) attend_one<G, DH>(q, kb, vb, ks, vs, total, nullptr, total, sc, w, out);
 }
 
-using DecodeFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t, float, float*, float*);
+template <typename T>
+using DecodeFn = void (*)(const float*, const T*, const T*, int64_t, int64_t, int64_t, float, float*, float*);
 
-template <int DH>
-DecodeFn pick_decode_group(int64_t g) {
+template <int DH, typename T>
+DecodeFn<T> pick_decode_group(int64_t g) {
   switch (g) {
-    case 1: return decode_one<1, DH>;
-    case 2: return decode_one<2, DH>;
-    case 3: return decode_one<3, DH>;
-    case 4: return decode_one<4, DH>;
-    case 6: return decode_one<6, DH>;
-    case 8: return decode_one<8, DH>;
+    case 1: return decode_one<1, DH, T>;
+    case 2: return decode_one<2, DH, T>;
+    case 3: return decode_one<3, DH, T>;
+    case 4: return decode_one<4, DH, T>;
+    case 6: return decode_one<6, DH, T>;
+    case 8: return decode_one<8, DH, T>;
     default: return nullptr;
   }
 }
 
-DecodeFn pick_decode(int64_t group, int64_t dh) {
+template <typename T>
+DecodeFn<T> pick_decode(int64_t group, int64_t dh) {
   switch (dh) {
-    case 16: return pick_decode_group<16>(group);
-    case 32: return pick_decode_group<32>(group);
-    case 64: return pick_decode_group<64>(group);
-    case 128: return pick_decode_group<128>(group);
+    case 16: return pick_decode_group<16, T>(group);
+    case 32: return pick_decode_group<32, T>(group);
+    case 64: return pick_decode_group<64, T>(group);
+    case 128: return pick_decode_group<128, T>(group);
     default: return nullptr;
   }
 }
+
+#if defined(__AVX512F__)
+constexpr bool DECODE_BF16 = true;
+#else
+constexpr bool DECODE_BF16 = false;
+#endif
 
 }  // namespace
 
@@ -275,28 +294,15 @@ torch::Tensor path_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, 
 // Batched decode (one new token per row, rows of different lengths, as in `eyas data`): row b's queries attend
 // slots 0 .. lengths[b] - 1 of its own cache row, nothing past them (torch's fused attention reads every row
 // up to the longest one under a mask). q [B, H, Dh] fp32; k, v [B, Hk, S, Dh] fp32 (head dims contiguous);
-// lengths [B] int64 (1 <= len <= S) -> out [B, H, Dh] fp32. With AVX-512, register-blocked (decode_one).
-torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor lengths,
-                               double scale) {
-  TORCH_CHECK(q.dtype() == torch::kFloat32 && k.dtype() == torch::kFloat32 && v.dtype() == torch::kFloat32,
-              "decode_attention: fp32 q, k, v");
-  TORCH_CHECK(q.is_contiguous() && k.stride(3) == 1 && v.stride(3) == 1, "decode_attention: contiguous head dims");
-  TORCH_CHECK(lengths.dtype() == torch::kInt64 && lengths.numel() == q.size(0), "decode_attention: [B] int64 lengths");
-  const int64_t b = q.size(0), h = q.size(1), dh = q.size(2), hk = k.size(1), s = k.size(2);
+// lengths [B] int64 (1 <= len <= S) -> out [B, H, Dh] fp32. With AVX-512, register-blocked (decode_one), and the
+// cache may be bf16 (a bf16 model's cache holds bf16-rounded values anyway: the same results, half the bytes).
+template <typename T>
+void decode_run(const float* qp, const T* kp, const T* vp, const int64_t* lp, float* op, int64_t b, int64_t h,
+                int64_t dh, int64_t hk, int64_t kb, int64_t kh, int64_t ks, int64_t vb, int64_t vh, int64_t vs,
+                float sc) {
   const int64_t group = h / hk;
-  const DecodeFn fn = pick_decode(group, dh);
+  const DecodeFn<T> fn = pick_decode<T>(group, dh);
   TORCH_CHECK(fn != nullptr, "decode_attention: unsupported head_dim / group ", dh, " / ", group);
-  auto len_c = lengths.contiguous();
-  const int64_t* lp = len_c.data_ptr<int64_t>();
-  for (int64_t r = 0; r < b; ++r) TORCH_CHECK(lp[r] >= 1 && lp[r] <= s, "decode_attention: length out of range");
-  auto out = torch::empty_like(q);
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const int64_t kb = k.stride(0), kh = k.stride(1), ks = k.stride(2);
-  const int64_t vb = v.stride(0), vh = v.stride(1), vs = v.stride(2);
-  const float sc = static_cast<float>(scale);
   // tasks (row, KV head) in order, cut into one contiguous range per thread of about equal key count
   const int64_t tasks = b * hk;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), tasks));
@@ -320,9 +326,35 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
            op + head0 * dh);
       }
   });
+}
+
+torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor lengths,
+                               double scale) {
+  const bool bf16 = k.dtype() == torch::kBFloat16;
+  TORCH_CHECK(q.dtype() == torch::kFloat32 && (k.dtype() == torch::kFloat32 || (bf16 && DECODE_BF16)) &&
+                  v.dtype() == k.dtype(),
+              "decode_attention: fp32 q and an fp32 (or, with AVX-512, bf16) cache");
+  TORCH_CHECK(q.is_contiguous() && k.stride(3) == 1 && v.stride(3) == 1, "decode_attention: contiguous head dims");
+  TORCH_CHECK(lengths.dtype() == torch::kInt64 && lengths.numel() == q.size(0), "decode_attention: [B] int64 lengths");
+  const int64_t b = q.size(0), h = q.size(1), dh = q.size(2), hk = k.size(1), s = k.size(2);
+  auto len_c = lengths.contiguous();
+  const int64_t* lp = len_c.data_ptr<int64_t>();
+  for (int64_t r = 0; r < b; ++r) TORCH_CHECK(lp[r] >= 1 && lp[r] <= s, "decode_attention: length out of range");
+  auto out = torch::empty_like(q);
+  const float sc = static_cast<float>(scale);
+  if (bf16)
+    decode_run(q.data_ptr<float>(), reinterpret_cast<const uint16_t*>(k.data_ptr<at::BFloat16>()),
+               reinterpret_cast<const uint16_t*>(v.data_ptr<at::BFloat16>()), lp, out.data_ptr<float>(), b, q.size(1),
+               dh, hk, k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), sc);
+  else
+    decode_run(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), lp, out.data_ptr<float>(), b, h, dh,
+               hk, k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), sc);
   return out;
 }
 
+bool decode_bf16() { return DECODE_BF16; }
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("path_attention", &path_attention, "exact-mode tree attention (CPU)");
   m.def("decode_attention", &decode_attention, "batched one-token decode over per-row lengths (CPU)");
+  m.def("decode_bf16", &decode_bf16, "whether decode_attention reads a bf16 cache (AVX-512 builds)");
   m.def("supports", &supports, "whether a (query heads per KV head, head_dim) pair has a kernel"); }

@@ -67,9 +67,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, la
         return out
     keys, values = cache.update(layer, meta.start, k.transpose(1, 2), v.transpose(1, 2), meta.kv_len)
     if meta.lengths is not None:  # [B, 1, H, Dh]: each row over its own length, not all rows up to kv_len
-        y = meta.kernel.decode_attention(q[:, 0].to(keys.dtype).contiguous(), cache.k[layer], cache.v[layer],
+        y = meta.kernel.decode_attention(q[:, 0].float().contiguous(), cache.k[layer], cache.v[layer],
                                          meta.lengths, q.shape[-1] ** -0.5)  # [B, H, Dh]
         return y[:, None].to(q.dtype)
+    if keys.device.type == "cpu" and keys.dtype != torch.float32:  # a bf16 decode cache (decode_kv_dtype): torch's
+        keys, values = keys.float(), values.float()  # CPU attention is several times faster in fp32, same values
     qt = q.transpose(1, 2).to(keys.dtype)  # [B, H, T, Dh]
     y = F.scaled_dot_product_attention(qt, keys, values, attn_mask=meta.mask, is_causal=is_causal,
                                        enable_gqa=keys.shape[1] != qt.shape[1])

@@ -218,10 +218,22 @@ class NativeLlama(nn.Module, TargetModel):
             self._path_kernel = mod
         return self._path_kernel
 
-    def new_cache(self, batch: int, max_slots: int) -> KVCache:
+    def new_cache(self, batch: int, max_slots: int, dtype: torch.dtype | None = None) -> KVCache:
+        """``dtype``: the cache's, default ``kv_dtype`` (``decode_kv_dtype`` for batched one-token decoding)."""
         c = self.config
         slots = round_up(max_slots)  # exact mode attends multiples of KV_BLOCK keys
-        return KVCache.empty(c.num_layers, batch, c.num_kv_heads, slots, c.head_dim, self.kv_dtype, self.device)
+        return KVCache.empty(c.num_layers, batch, c.num_kv_heads, slots, c.head_dim, dtype or self.kv_dtype,
+                             self.device)
+
+    def decode_kv_dtype(self) -> torch.dtype:
+        """The cache dtype for batched one-token decoding (``ForwardMeta.row_lengths``, eyas data): bf16 for a bf16
+        model where the compiled decode kernel reads it (AVX-512), which halves the bytes attention streams; the
+        values are the same (a bf16 model's keys and values are bf16 before they are cached). Else ``kv_dtype``.
+        """
+        k = self.path_kernel()
+        if self.dtype == torch.bfloat16 and k is not None and hasattr(k, "decode_bf16") and k.decode_bf16():
+            return torch.bfloat16
+        return self.kv_dtype
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(tokens)

@@ -453,3 +453,23 @@ def test_base_url() -> None:
     assert base_url("https://h/openai/v1") == "https://h/openai/v1"
     with pytest.raises(ValueError, match="--endpoint"):
         base_url("h:8000")
+
+
+def test_bf16_decode_cache_gives_the_fp32_cache_tokens(spec, tiny, monkeypatch) -> None:
+    """A bf16 model's engine keeps a bf16 cache where the decode kernel reads one: the same values as the fp32
+    cache, so the same tokens (prefill upcasts for torch's attention, decode converts exactly)."""
+    from eyas.models.loading import native_from_hf_model
+
+    model = native_from_hf_model(tiny.hf("llama"), torch.bfloat16)
+    ps = prompts(spec)
+    cfg = EngineConfig(batch_size=3, refill_at=1, max_new_tokens=20, prefill_chunk=7, slots=16)  # grows, refills
+
+    def run() -> list[list[int]]:
+        return [c.token_ids for c in RefillEngine(model, (), cfg).generate(ps)]
+
+    compact = run()
+    monkeypatch.setattr(type(model), "decode_kv_dtype", lambda self: torch.float32)
+    assert run() == compact
+    monkeypatch.undo()
+    if model.path_kernel() is not None and model.path_kernel().decode_bf16():
+        assert model.decode_kv_dtype() == torch.bfloat16

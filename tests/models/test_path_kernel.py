@@ -111,3 +111,19 @@ def test_decode_attention_reads_each_row_over_its_own_length(kernel, h, hk, dh, 
                                    rtol=1e-5)
     with pytest.raises(RuntimeError, match="length out of range"):
         kernel.decode_attention(q, k, v, torch.tensor([1, 2, 3, 4, 201]), dh**-0.5)
+
+
+def test_decode_attention_reads_a_bf16_cache_as_its_fp32_values(kernel):
+    """A bf16 model's keys/values are bf16 before they are cached: a bf16 cache gives the fp32 cache's bits."""
+    if not kernel.decode_bf16():
+        with pytest.raises(RuntimeError, match="bf16"):
+            kernel.decode_attention(torch.randn(2, 9, 64), *(torch.randn(2, 3, 8, 64).bfloat16(),) * 2,
+                                    torch.tensor([3, 8]), 0.125)
+        return
+    g = torch.Generator().manual_seed(5)
+    k = torch.randn(4, 3, 300, 64, generator=g).bfloat16()
+    v = torch.randn(4, 3, 300, 64, generator=g).bfloat16()
+    q = torch.randn(4, 9, 64, generator=g)
+    lengths = torch.tensor([1, 17, 300, 128])
+    out = kernel.decode_attention(q, k, v, lengths, 0.125)
+    assert torch.equal(out, kernel.decode_attention(q, k.float(), v.float(), lengths, 0.125))
