@@ -138,9 +138,7 @@ inline __m512 exp_neg16(__m512 x) {
   p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
   return _mm512_scalef_ps(p, n);
 }
-#endif
 
-#if defined(__AVX512F__)
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 // bf16 -> fp32 is exact: the 16 stored bits become the high half
 inline __m512 load16(const uint16_t* p) {
@@ -344,8 +342,8 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
   const float sc = static_cast<float>(scale);
   if (bf16)
     decode_run(q.data_ptr<float>(), reinterpret_cast<const uint16_t*>(k.data_ptr<at::BFloat16>()),
-               reinterpret_cast<const uint16_t*>(v.data_ptr<at::BFloat16>()), lp, out.data_ptr<float>(), b, q.size(1),
-               dh, hk, k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), sc);
+               reinterpret_cast<const uint16_t*>(v.data_ptr<at::BFloat16>()), lp, out.data_ptr<float>(), b, h, dh,
+               hk, k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), sc);
   else
     decode_run(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), lp, out.data_ptr<float>(), b, h, dh,
                hk, k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), sc);
