@@ -101,7 +101,12 @@ def save_checkpoint(out: Path, head: nn.Module, opt, sched, state: dict) -> None
     shutil.rmtree(old, ignore_errors=True)
 
 
-def load_checkpoint(out: Path, head: nn.Module, opt, sched) -> dict | None:
+def load_checkpoint(out: Path, head: nn.Module, opt, sched, log=print) -> dict | None:
+    """Restore head, optimizer and schedule; the state dict (step, epoch, batch, tokens, seconds) or None.
+
+    A slim checkpoint (head.safetensors + state.json, no optimizer.pt: the form small enough to carry
+    between machines in git) resumes with fresh AdamW moments and the schedule set to its step.
+    """
     from safetensors.torch import load_file
 
     ck = out / "checkpoint"
@@ -110,10 +115,18 @@ def load_checkpoint(out: Path, head: nn.Module, opt, sched) -> dict | None:
         if not (ck / "state.json").exists():
             return None
     head.load_state_dict(load_file(str(ck / "head.safetensors")))
-    opt_state = torch.load(ck / "optimizer.pt", map_location="cpu", weights_only=True)
-    opt.load_state_dict(opt_state["optimizer"])
-    sched.load_state_dict(opt_state["scheduler"])
-    return json.loads((ck / "state.json").read_text())
+    state = json.loads((ck / "state.json").read_text())
+    if (ck / "optimizer.pt").exists():
+        opt_state = torch.load(ck / "optimizer.pt", map_location="cpu", weights_only=True)
+        opt.load_state_dict(opt_state["optimizer"])
+        sched.load_state_dict(opt_state["scheduler"])
+    else:
+        log(f"{ck} has no optimizer.pt: resuming with fresh AdamW moments, learning-rate schedule at step "
+            f"{state['step']}")
+        sched.last_epoch = state["step"]
+        for group, base, f in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True):
+            group["lr"] = base * f(state["step"])
+    return state
 
 
 def _batches(examples: list[Example], cfg: TrainConfig, epoch: int, rank: int, world: int) -> list[list[int]]:
@@ -150,7 +163,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
     per_epoch = len(_batches(train_ex, cfg, 0, acc.process_index, acc.num_processes))
     total = cfg.max_steps or max(1, int(per_epoch * cfg.epochs))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg, total))
-    state = load_checkpoint(out, head, opt, sched) or {"step": 0, "epoch": 0, "batch": 0, "tokens": 0, "seconds": 0.0}
+    fresh = {"step": 0, "epoch": 0, "batch": 0, "tokens": 0, "seconds": 0.0}
+    state = load_checkpoint(out, head, opt, sched, log) or fresh
     if state["step"]:
         where = f"step {state['step']} (epoch {state['epoch']}, batch {state['batch']})"
         log(f"resuming from {out / 'checkpoint'} at {where}")
