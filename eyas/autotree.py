@@ -33,7 +33,7 @@ from eyas.drafters.loading import DrafterSpec, default_drafter_name, detect_kind
 from eyas.formats.eagle3 import load_eagle3
 from eyas.models.cpu import cpu_name
 from eyas.models.loading import LoadedTarget, cache_root
-from eyas.models.packed import packed_weights
+from eyas.models.packed import packed_weights, skinny_gemm_ready
 from eyas.tree import make_tree
 from eyas.tree.sizing import AcceptanceProfile, DraftCost, TreeChoice, choose_tree
 from eyas.types import DraftOutput, SamplingParams
@@ -107,6 +107,8 @@ def machine_key(target: LoadedTarget, head_dir: Path, exact: bool) -> dict:
             "path_kernel": exact and getattr(target.model, "path_kernel", lambda: None)() is not None,
             # bf16 projections on prepacked weights (eyas.models.packed) are several times cheaper at few rows
             "packed": packed_weights(),
+            # float32 projections at few rows through the streaming kernel: verify widths 2-16 cost far less
+            "skinny": target.model.dtype == torch.float32 and skinny_gemm_ready(),
             # int8 projections cost differently by width (eyas.models.quant): a separate table
             "quantized": sorted({type(m).__name__ for m in target.model.modules() if hasattr(m, "scales")})}
 

@@ -1,8 +1,9 @@
 """Native CPU kernels, compiled on first use for this machine (``torch.utils.cpp_extension``).
 
-``path_attention()`` returns the compiled exact-mode tree attention (``path_attn.cpp``), or None where
-it cannot be built (no C++ compiler or ninja, an unsupported platform) or ``EYAS_PATH_KERNEL=0`` turns it
-off; callers then keep the pure-PyTorch path. The build (about 30 s on 2 cores) happens once per CPU kind
+``path_attention()`` returns the compiled exact-mode tree attention (``path_attn.cpp``), ``skinny_gemm()``
+the few-row float32 projection (``skinny_gemm.cpp``), or None where they cannot be built (no C++ compiler
+or ninja, an unsupported platform) or ``EYAS_PATH_KERNEL=0`` / ``EYAS_SKINNY_GEMM=0`` turns them off;
+callers then keep the pure-PyTorch path. The build (about 30 s on 2 cores) happens once per CPU kind
 and torch version: its output lives under ``$EYAS_CACHE/kernels/<key>/`` and later loads take
 milliseconds. ``-march=native`` is part of the key, so a cache copied to another CPU is not reused.
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-_SOURCE = Path(__file__).with_name("path_attn.cpp")
+_HERE = Path(__file__).parent
 # -fopenmp: at::parallel_for is a header template, compiled into this module; without OpenMP its tasks run on
 # one thread
 _FLAGS = ["-O3", "-march=native", "-fopenmp"] if sys.platform.startswith("linux") else ["-O3"]
@@ -28,12 +29,12 @@ _lock = threading.Lock()
 _loaded: dict[str, object] = {}
 
 
-def _build_dir() -> Path:
+def _build_dir(source: Path) -> Path:
     from eyas.models.cpu import cpu_flags, cpu_name
     from eyas.models.loading import cache_root
 
     key = (f"{cpu_name()}|{sorted(cpu_flags())}|{torch.__version__}|{sys.version_info[:2]}|{_FLAGS}|"
-           f"{_SOURCE.read_bytes()!r}")
+           f"{source.read_bytes()!r}")
     return cache_root() / "kernels" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -43,27 +44,41 @@ def path_attention():
     """
     if os.environ.get("EYAS_PATH_KERNEL", "1") == "0":
         return None
+    return _get("path_attn", "the exact-mode tree attention kernel", "EYAS_PATH_KERNEL")
+
+
+def skinny_gemm():
+    """The compiled few-row float32 projection (``linear(x, w, bias)`` for x [M <= max_rows(), K], w [N, K]),
+    or None where it is off (``EYAS_SKINNY_GEMM=0``) or cannot be built.
+    """
+    if os.environ.get("EYAS_SKINNY_GEMM", "1") == "0":
+        return None
+    return _get("skinny_gemm", "the few-row float32 projection kernel", "EYAS_SKINNY_GEMM")
+
+
+def _get(name: str, what: str, env: str):
     with _lock:
-        if "path_attn" not in _loaded:
-            _loaded["path_attn"] = _build()
-        return _loaded["path_attn"]
+        if name not in _loaded:
+            _loaded[name] = _build(name, what, env)
+        return _loaded[name]
 
 
-def _build():
+def _build(name: str, what: str, env: str):
     from torch.utils.cpp_extension import load
 
-    out = _build_dir()
+    source = _HERE / f"{name}.cpp"
+    out = _build_dir(source)
     fresh = not any(out.glob("*.so"))
     _ninja_on_path()
     try:
         out.mkdir(parents=True, exist_ok=True)
         if fresh:
-            print("eyas: compiling the exact-mode tree attention kernel for this CPU (once, ~30 s)", file=sys.stderr)
-        return load("eyas_path_attn", [str(_SOURCE)], extra_cflags=_FLAGS, extra_ldflags=_LDFLAGS,
+            print(f"eyas: compiling {what} for this CPU (once, ~30 s)", file=sys.stderr)
+        return load(f"eyas_{name}", [str(source)], extra_cflags=_FLAGS, extra_ldflags=_LDFLAGS,
                     build_directory=str(out), verbose=False)
-    except Exception as e:  # no compiler, no ninja, a failed build: exact mode keeps its PyTorch path
-        warnings.warn(f"eyas: exact-mode attention kernel unavailable ({type(e).__name__}: {str(e)[:200]}); "
-                      f"using the slower PyTorch path (set EYAS_PATH_KERNEL=0 to skip the build)", stacklevel=2)
+    except Exception as e:  # no compiler, no ninja, a failed build: callers keep their PyTorch path
+        warnings.warn(f"eyas: {what} unavailable ({type(e).__name__}: {str(e)[:200]}); using the slower PyTorch "
+                      f"path (set {env}=0 to skip the build)", stacklevel=3)
         return None
 
 

@@ -13,6 +13,7 @@ from torch import nn
 
 from eyas.kv.static import KVCache
 from eyas.models.config import ModelConfig
+from eyas.models.packed import PackedLinear, skinny_kernel
 
 
 class RMSNorm(nn.Module):
@@ -56,8 +57,8 @@ def vocab_logits(proj: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows = x.reshape(-1, x.shape[-1])
     m = rows.shape[0]
     fast = w.device.type == "cpu" and w.dtype == torch.float32 and proj.bias is None
-    if not fast or w.requires_grad or m > 64:
-        return proj(x)
+    if not fast or w.requires_grad or m > 64 or (isinstance(proj, PackedLinear) and skinny_kernel(w, rows)):
+        return proj(x)  # eyas.models.packed: the streaming kernel where it serves (faster than both below)
     if m == 1:
         wt = getattr(proj, "_eyas_wt", None)
         key = (w.data_ptr(), w._version)

@@ -1,4 +1,4 @@
-"""bf16 projections on a oneDNN-prepacked weight (CPU inference).
+"""CPU inference projections: bf16 on a oneDNN-prepacked weight, float32 at a few rows through a streaming kernel.
 
 ``F.linear`` on a CPU hands a bf16 weight to oneDNN in its plain [N, K] layout on every call, and
 oneDNN re-lays it out (packs it) each time; for the few rows of decoding that repacking costs more
@@ -16,6 +16,15 @@ The copy is made at the first inference forward and remade when the weight's sto
 changes (``.to()``, a load); autograd, other dtypes and other devices take ``F.linear``. It costs
 a second copy of each weight (SmolLM2-135M in bf16: +270 MB), so packing stops once the copies
 would pass a quarter of the machine's memory; ``EYAS_PACK_WEIGHTS=0`` turns it off.
+
+float32 (the dtype on CPUs without native bf16): MKL's sgemm re-reads the weight for 2-16 rows, so a
+verify forward of a few tree nodes cost 1.5x a plain step on the AVX2 VM. Up to ``skinny_rows`` rows
+go through ``eyas/kernels/skinny_gemm.cpp`` instead, which streams each weight once and computes
+every row in one fixed order: a row's output is the same bits alone or among others (plain decoding
+and verification agree exactly in the projections). Measured on the AVX2 VM, 2 threads, ms at 1 / 2 /
+8 / 16 rows: [3072, 576] 0.34 / 0.70 / 0.72 / 1.10 -> 0.10 / 0.16 / 0.48 / 1.04; [49152, 576]
+9.5 / 19.9 / 23.2 / 26.3 -> 4.3 / 4.3 / 8.7 / 12.5 (docs/benchmarks.md). ``EYAS_SKINNY_GEMM=0`` or a
+machine without a C++ compiler keeps ``F.linear``.
 """
 
 from __future__ import annotations
@@ -56,9 +65,13 @@ class PackedLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., K] -> [..., N]."""
         packed = self._packed(x)
-        if packed is None:
-            return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
+        if packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
+        kernel = skinny_kernel(self.weight, x)
+        if kernel is not None:
+            out = kernel.linear(x.reshape(-1, x.shape[-1]), self.weight, _EMPTY if self.bias is None else self.bias)
+            return out.view(*x.shape[:-1], self.weight.shape[0])
+        return F.linear(x, self.weight, self.bias)
 
     def __getstate__(self) -> dict:
         """Copies (deepcopy, pickle) leave the packed weight behind (an opaque tensor): they pack their own."""
@@ -90,6 +103,40 @@ class PackedLinear(nn.Linear):
                 packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)
             self.__dict__["_eyas_packed"] = (key, packed)
         return packed
+
+
+_EMPTY = torch.empty(0)
+_skinny = None  # the compiled module, False where unavailable, None before the first look
+
+
+def skinny_rows(w: torch.Tensor) -> int:
+    """The most rows the float32 streaming kernel takes for weight ``w`` [N, K]: past that it is compute-bound
+    and MKL's blocked GEMM wins (16 rows; 32 for vocabulary-sized weights, measured on the AVX2 VM).
+    """
+    return 32 if w.numel() >= (1 << 22) else 16
+
+
+def skinny_kernel(w: torch.Tensor, x: torch.Tensor):
+    """The compiled kernel where it serves ``x @ w.T`` (float32 CPU inference, few rows), else None."""
+    if not (w.dtype == torch.float32 and x.dtype == torch.float32 and w.device.type == "cpu" and x.dim() >= 1):
+        return None
+    if x.numel() > skinny_rows(w) * w.shape[1] or not w.is_contiguous():
+        return None
+    if torch.is_grad_enabled() and (w.requires_grad or x.requires_grad):
+        return None
+    global _skinny
+    if _skinny is None:
+        from eyas import kernels  # here: eyas.kernels imports eyas.models.loading, which imports this module
+
+        _skinny = kernels.skinny_gemm() or False  # built (or found missing) once per process
+    return _skinny or None
+
+
+def skinny_gemm_ready() -> bool:
+    """Whether float32 few-row projections run on the streaming kernel here (built on first call)."""
+    probe = torch.zeros(1, 8)
+    with torch.inference_mode():
+        return skinny_kernel(probe, probe) is not None
 
 
 def packed_weights() -> bool:
