@@ -21,8 +21,8 @@ float32 (the dtype on CPUs without native bf16): MKL's sgemm re-reads the weight
 verify forward of a few tree nodes cost 1.5x a plain step on the AVX2 VM. Up to ``skinny_rows`` rows
 go through ``eyas/kernels/skinny_gemm.cpp`` instead, which streams each weight once and computes
 every row in one fixed order: a row's output is the same bits alone or among others (plain decoding
-and verification agree exactly in the projections). Measured on the AVX2 VM, 2 threads, ms at 1 / 2 /
-8 / 16 rows: [3072, 576] 0.34 / 0.70 / 0.72 / 1.10 -> 0.10 / 0.16 / 0.48 / 1.04; [49152, 576]
+and verification agree exactly in the projections). Measured on the AVX2 VM, 2 threads, weight warm
+in cache, ms at 1 / 2 / 8 / 16 rows: [3072, 576] 0.34 / 0.70 / 0.72 / 1.10 -> 0.10 / 0.16 / 0.48 / 1.04; [49152, 576]
 9.5 / 19.9 / 23.2 / 26.3 -> 4.3 / 4.3 / 8.7 / 12.5 (docs/benchmarks.md). ``EYAS_SKINNY_GEMM=0`` or a
 machine without a C++ compiler keeps ``F.linear``.
 """
