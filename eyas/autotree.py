@@ -109,6 +109,8 @@ def machine_key(target: LoadedTarget, head_dir: Path, exact: bool) -> dict:
             "packed": packed_weights(),
             # float32 projections at few rows through the streaming kernel: verify widths 2-16 cost far less
             "skinny": target.model.dtype == torch.float32 and skinny_gemm_ready(),
+            # bf16 projections read from GGUF blocks (eyas.models.gguf_blocks): cheaper at one row, dearer wide
+            "gguf_blocks": sum("_eyas_blocks" in m.__dict__ for m in target.model.modules()),
             # int8 projections cost differently by width (eyas.models.quant): a separate table
             "quantized": sorted({type(m).__name__ for m in target.model.modules() if hasattr(m, "scales")})}
 

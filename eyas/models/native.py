@@ -15,7 +15,7 @@ from eyas.kv.static import KVCache
 from eyas.models.attention import KV_BLOCK, AttnMeta, attend, round_up
 from eyas.models.base import ForwardMeta, ForwardOutput, TargetModel, causal_mask
 from eyas.models.config import ModelConfig
-from eyas.models.exact import RowFloor, linear
+from eyas.models.exact import DecodeFloors, RowFloor, linear
 from eyas.models.layers import (  # noqa: F401  (re-exported: the heads build on these)
     MLP,
     Attention,
@@ -269,7 +269,8 @@ class NativeLlama(nn.Module, TargetModel):
     @torch.inference_mode()
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, meta: ForwardMeta) -> ForwardOutput:
         attn = self._attn_meta(tokens, cache, meta)
-        floors = self.row_floors if (attn.paths is not None or meta.exact) else None
+        # exact mode: decode / verification forwards (paths) may run on row-invariant kernels unpadded; prefill pads
+        floors = DecodeFloors(self.row_floors) if attn.paths is not None else self.row_floors if meta.exact else None
         rope = self.rope(positions, cache.max_slots)
         x = self.embed(tokens)
         tapped = {}

@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eyas.models.gguf_blocks import FAST_ROWS, blocks_of
+
 _lock = threading.Lock()
 _packed_bytes = 0  # all PackedLinear copies made in this process
 
@@ -63,7 +65,16 @@ class PackedLinear(nn.Linear):
     """An nn.Linear (same parameters, same state dict) whose bf16 CPU inference runs on a packed weight."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [..., K] -> [..., N]."""
+        """x: [..., K] -> [..., N]: the GGUF-block kernel for a few bf16 rows where the weight has blocks
+        (eyas.models.gguf_blocks), else ``dense``."""
+        blocks = blocks_of(self, x)
+        if blocks is not None and x.numel() <= FAST_ROWS * x.shape[-1]:
+            return blocks.linear(x, self.bias)
+        return self.dense(x)
+
+    def dense(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [..., K] -> [..., N] on the dense weight: oneDNN prepacked (bf16), the streaming kernel (few fp32
+        rows) or ``F.linear``. Exact mode's prefill and row-floor probes take this path only."""
         packed = self._packed(x)
         if packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
@@ -77,6 +88,7 @@ class PackedLinear(nn.Linear):
         """Copies (deepcopy, pickle) leave the packed weight behind (an opaque tensor): they pack their own."""
         state = dict(super().__getstate__())
         state.pop("_eyas_packed", None)
+        state.pop("_eyas_blocks", None)
         return state
 
     def _packed(self, x: torch.Tensor) -> torch.Tensor | None:

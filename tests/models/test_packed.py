@@ -72,8 +72,9 @@ def test_state_dict_autograd_and_other_dtypes_are_plain_linear():
     f32 = nn.Linear(32, 16)
     pack_linears_(f32)
     xf = torch.randn(4, 32)
-    with torch.inference_mode():
-        assert torch.equal(f32(xf), F.linear(xf, f32.weight, f32.bias)) and "_eyas_packed" not in f32.__dict__
+    with torch.inference_mode():  # float32 is never packed (a few rows may take the streaming kernel: same maths)
+        torch.testing.assert_close(f32(xf), F.linear(xf, f32.weight, f32.bias), rtol=1e-5, atol=1e-6)
+        assert "_eyas_packed" not in f32.__dict__
 
 
 def test_native_target_projections_are_packed():

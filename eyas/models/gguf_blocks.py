@@ -1,0 +1,135 @@
+"""bf16 decoding straight from a GGUF file's blocks: the same weights, 2.7x fewer bytes per token.
+
+A target loaded from a GGUF file (the embedded default, ``--model file.gguf``) is dequantised once into
+a bf16 model. A decode step of a small model on a CPU is bound by streaming those weights (SmolLM2-135M:
+269 MB a token in bf16, 98 MB as Q4_1/Q8_0 blocks). ``attach_gguf_blocks`` keeps each projection's raw
+blocks beside its bf16 weight; ``eyas/kernels/gguf_bf16.cpp`` rebuilds every bf16 weight from its block in
+registers (gguf-py's float32 formula, round to nearest even) and multiplies with AVX512-BF16. The weights
+are therefore the loaded ones bit for bit (checked for every row here, at load); only the summation order
+differs from oneDNN's, and it is fixed per row (row-invariant), so exact mode runs decode and verification
+forwards on it with no padding.
+
+Where it serves (``linear``): bf16 CPU inference, no autograd, a weight with blocks; in fast mode up to
+``FAST_ROWS`` rows (past that oneDNN's blocked GEMM is faster), in exact mode's decode and verification
+forwards at every row count. Prefill keeps oneDNN. ``EYAS_GGUF_BLOCKS=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+# fast mode: the most rows the block kernel takes (oneDNN's prepacked GEMM wins past it; docs/benchmarks.md)
+FAST_ROWS = 16
+_SUPPORTED = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}  # GGML type name -> id
+
+# fused native projection -> the GGUF tensors concatenated into it, in row order
+_LAYER_PARTS = {
+    "self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"),
+    "self_attn.o_proj": ("attn_output",),
+    "mlp.gate_up_proj": ("ffn_gate", "ffn_up"),
+    "mlp.down_proj": ("ffn_down",),
+}
+
+
+@dataclass
+class GGUFBlocks:
+    """One projection's weight as GGUF blocks: ``data`` [N, K / 32 * block bytes] uint8, GGML type ``qtype``."""
+
+    data: torch.Tensor
+    qtype: int
+    k: int
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x: [..., K] bf16 -> [..., N] bf16."""
+        rows = x.reshape(-1, self.k)
+        out = _kernel().linear(rows, self.data, self.qtype, _EMPTY if bias is None else bias)
+        return out.view(*x.shape[:-1], self.data.shape[0])
+
+
+_EMPTY = torch.empty(0)
+_module = None  # the compiled kernel, False where unavailable, None before the first look
+
+
+def _kernel():
+    global _module
+    if _module is None:
+        from eyas import kernels
+
+        k = kernels.gguf_bf16()
+        _module = k if k is not None and k.available() else False
+    return _module or None
+
+
+def blocks_of(mod: nn.Module, x: torch.Tensor) -> GGUFBlocks | None:
+    """``mod``'s blocks where the kernel serves ``x`` (bf16 CPU inference), else None."""
+    blocks = mod.__dict__.get("_eyas_blocks")
+    if blocks is None or x.dtype != torch.bfloat16 or x.device.type != "cpu":
+        return None
+    if torch.is_grad_enabled() and x.requires_grad:
+        return None
+    return blocks
+
+
+def attach_gguf_blocks(model: nn.Module, gguf_path: str | Path) -> int:
+    """Give every projection of a native bf16 CPU ``model`` loaded from ``gguf_path`` its GGUF blocks.
+
+    Each projection's blocks are dequantised by the kernel and compared with its loaded bf16 weight, bit for
+    bit; a projection whose blocks do not give its weight (another type, another row order) keeps oneDNN.
+    Returns the number of projections that read blocks (0 where the kernel is off or unavailable).
+    """
+    if os.environ.get("EYAS_GGUF_BLOCKS", "1") == "0" or model.dtype != torch.bfloat16 or model.device.type != "cpu":
+        return 0
+    kernel = _kernel()
+    if kernel is None:
+        return 0
+    import gguf
+
+    tensors = {t.name: t for t in gguf.GGUFReader(str(gguf_path)).tensors}
+    cfg = model.config
+    count = 0
+    for i, layer in enumerate(model.model.layers):
+        for name, parts in _LAYER_PARTS.items():
+            mod = layer.get_submodule(name)
+            count += _attach(mod, [tensors.get(f"blk.{i}.{p}.weight") for p in parts], parts, cfg, kernel)
+    head = tensors.get("output.weight") if "output.weight" in tensors else tensors.get("token_embd.weight")
+    count += _attach(model.lm_head_proj, [head], ("output",), cfg, kernel)
+    return count
+
+
+def _attach(mod: nn.Module, tensors: list, parts: tuple[str, ...], cfg, kernel) -> int:
+    if not isinstance(mod, nn.Linear) or any(t is None for t in tensors):
+        return 0
+    types = {t.tensor_type.name for t in tensors}
+    if len(types) != 1 or next(iter(types)) not in _SUPPORTED:
+        return 0
+    qtype = _SUPPORTED[types.pop()]
+    k = mod.weight.shape[1]
+    rows = [_rows(t, p, cfg) for t, p in zip(tensors, parts, strict=True)]
+    data = torch.from_numpy(np.ascontiguousarray(np.concatenate(rows)))
+    if data.shape != (mod.weight.shape[0], k // 32 * kernel.block_bytes(qtype)):
+        return 0
+    if not torch.equal(kernel.dequantize(data, qtype, k).view(torch.int16), mod.weight.detach().view(torch.int16)):
+        return 0
+    mod.__dict__["_eyas_blocks"] = GGUFBlocks(data=data, qtype=qtype, k=k)
+    return 1
+
+
+def _rows(t, part: str, cfg) -> np.ndarray:
+    """A GGUF tensor's block rows [N, bytes] in the loaded (Hugging Face) row order.
+
+    llama.cpp's converter interleaves the rows of q and k for its RoPE; transformers undoes that at load
+    (``reverse_permute``): head h's rows (2i, 2i + 1) of each pair go back to (i, i + dim / 2).
+    """
+    data = np.asarray(t.data)
+    if part not in ("attn_q", "attn_k"):
+        return data
+    heads = cfg.num_heads if part == "attn_q" else cfg.num_kv_heads
+    dim = data.shape[0] // heads // 2
+    order = np.arange(data.shape[0]).reshape(heads, dim, 2).swapaxes(2, 1).reshape(-1)
+    return data[order]

@@ -1,0 +1,165 @@
+"""bf16 projections read from GGUF blocks (eyas/kernels/gguf_bf16.cpp, eyas.models.gguf_blocks).
+
+The kernel must compute with exactly the weights eyas's loader makes from the same file (gguf-py's
+dequantisation in float32, rounded to bf16), give every row the same bits whatever rows share the call
+(exact mode runs decoding on it unpadded), and be chosen only where it should: few bf16 rows in fast
+mode, every decode/verify forward in exact mode, never exact-mode prefill.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eyas import kernels
+from eyas.models import gguf_blocks
+from eyas.models.exact import DecodeFloors, RowFloor, linear
+from eyas.models.gguf_blocks import FAST_ROWS, GGUFBlocks
+from eyas.models.packed import pack_linears_
+
+gguf = pytest.importorskip("gguf")
+KERNEL = kernels.gguf_bf16()
+pytestmark = pytest.mark.skipif(KERNEL is None, reason="no C++ toolchain for eyas/kernels/gguf_bf16.cpp")
+needs_bf16 = pytest.mark.skipif(KERNEL is None or not KERNEL.available(), reason="CPU without AVX512-BF16")
+TYPES = {"Q4_0": (2, 18), "Q4_1": (3, 20), "Q8_0": (8, 34)}
+
+
+def random_blocks(qtype: str, n: int, k: int, seed: int = 0) -> np.ndarray:
+    """[n, k / 32 * bytes] uint8: random quants under random (finite, model-sized) fp16 scales and minimums."""
+    rng = np.random.default_rng(seed)
+    _, nbytes = TYPES[qtype]
+    raw = rng.integers(0, 256, size=(n, k // 32, nbytes), dtype=np.uint8)
+    raw[..., 0:2] = (rng.uniform(0.001, 0.05, size=(n, k // 32)).astype(np.float16)).view(np.uint8).reshape(n, k // 32, 2)
+    if qtype == "Q4_1":
+        mins = -rng.uniform(0.0, 0.4, size=(n, k // 32)).astype(np.float16)
+        raw[..., 2:4] = mins.view(np.uint8).reshape(n, k // 32, 2)
+    return raw.reshape(n, -1)
+
+
+def gguf_py_bf16(raw: np.ndarray, qtype: str, k: int) -> torch.Tensor:
+    """The loader's weights: gguf-py's float32 dequantisation, then torch's rounding to bf16."""
+    deq = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype])
+    return torch.from_numpy(np.ascontiguousarray(deq)).reshape(raw.shape[0], k).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_dequantize_gives_the_loaders_bf16_weights_bit_for_bit(qtype):
+    raw = random_blocks(qtype, 48, 576)
+    got = KERNEL.dequantize(torch.from_numpy(raw), TYPES[qtype][0], 576)
+    assert torch.equal(got.view(torch.int16), gguf_py_bf16(raw, qtype, 576).view(torch.int16))
+
+
+def layer(qtype: str, n: int, k: int, bias: bool = False, seed: int = 0) -> nn.Linear:
+    """A PackedLinear holding the dequantised weight, with its blocks attached as attach_gguf_blocks does."""
+    raw = random_blocks(qtype, n, k, seed)
+    lin = nn.Linear(k, n, bias=bias).to(torch.bfloat16).requires_grad_(False)
+    lin.weight.copy_(gguf_py_bf16(raw, qtype, k))
+    pack_linears_(lin)
+    lin.__dict__["_eyas_blocks"] = GGUFBlocks(data=torch.from_numpy(raw), qtype=TYPES[qtype][0], k=k)
+    return lin
+
+
+@needs_bf16
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_is_row_invariant_and_computes_with_the_weights(qtype, bias):
+    lin = layer(qtype, 200, 1536 if qtype == "Q8_0" else 576, bias)
+    blocks = lin.__dict__["_eyas_blocks"]
+    x = torch.randn(40, lin.in_features).to(torch.bfloat16)
+    full = blocks.linear(x, lin.bias)
+    for m in (1, 2, 3, 4, 5, 7, 16, 33):  # a row's bits never depend on what shares the call
+        parts = torch.cat([blocks.linear(x[i : i + m], lin.bias) for i in range(0, 40, m)])
+        assert torch.equal(parts.view(torch.int16), full.view(torch.int16)), m
+    ref = F.linear(x.float(), lin.weight.float(), None if lin.bias is None else lin.bias.float())
+    torch.testing.assert_close(full.float(), ref, rtol=1e-2, atol=2e-2)  # bf16 output rounding only
+
+
+@needs_bf16
+def test_dispatch_fast_mode_exact_decoding_and_exact_prefill(tmp_path):
+    lin = layer("Q4_1", 64, 576)
+    blocks = lin.__dict__["_eyas_blocks"]
+    floors = RowFloor(store=tmp_path / "floors.json")
+    with torch.inference_mode():
+        few = torch.randn(1, FAST_ROWS, 576).to(torch.bfloat16)
+        many = torch.randn(1, FAST_ROWS + 1, 576).to(torch.bfloat16)
+        assert torch.equal(lin(few), blocks.linear(few, None))  # fast mode: the kernel for a few rows
+        assert torch.equal(lin(many), lin.dense(many))  # ... and oneDNN past FAST_ROWS
+        assert torch.equal(linear(lin, many, DecodeFloors(floors)), blocks.linear(many, None))  # exact decoding
+        assert torch.equal(linear(lin, few, floors), lin.dense(few))  # exact prefill: never the kernel
+    assert floors(lin) == RowFloor(store=tmp_path / "other.json")(nn.Linear(576, 64).to(torch.bfloat16))
+
+
+@needs_bf16
+def test_training_and_other_dtypes_do_not_take_the_kernel():
+    lin = layer("Q8_0", 32, 576)
+    x = torch.randn(2, 576).to(torch.bfloat16).requires_grad_(True)
+    assert gguf_blocks.blocks_of(lin, x) is None
+    assert gguf_blocks.blocks_of(lin, torch.randn(2, 576)) is None
+    assert gguf_blocks.blocks_of(lin, x.detach()) is not None
+
+
+# ---- the embedded default (its GGUF file is Q4_1 + a Q8_0 embedding) ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def embedded_bf16():
+    from eyas.models.loading import embedded_gguf_path, load_target
+
+    try:
+        path = embedded_gguf_path()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"embedded model not installed: {e}")
+    return load_target(None, dtype="bfloat16"), path
+
+
+@needs_bf16
+def test_embedded_default_attaches_every_projection_and_checks_them(embedded_bf16, monkeypatch):
+    loaded, path = embedded_bf16
+    model = loaded.model
+    with_blocks = [m for m in model.modules() if "_eyas_blocks" in m.__dict__]
+    assert len(with_blocks) == 4 * model.config.num_layers + 1  # qkv, o, gate_up, down per layer; lm_head
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    assert torch.equal(KERNEL.dequantize(qkv._eyas_blocks.data, qkv._eyas_blocks.qtype, 576), qkv.weight)
+    monkeypatch.setenv("EYAS_GGUF_BLOCKS", "0")
+    assert gguf_blocks.attach_gguf_blocks(model, path) == 0
+
+
+@needs_bf16
+def test_a_block_that_does_not_give_the_weight_is_not_attached(embedded_bf16):
+    loaded, path = embedded_bf16
+    model = loaded.model
+    down = model.model.layers[1].mlp.down_proj
+    saved = down.__dict__.pop("_eyas_blocks")
+    try:
+        down.weight.data[3, 5] += 1.0  # the loaded weight no longer is what the file's blocks give
+        count = gguf_blocks.attach_gguf_blocks(model, path)
+        assert count == 4 * model.config.num_layers and "_eyas_blocks" not in down.__dict__
+    finally:
+        down.weight.data[3, 5] -= 1.0
+        down.__dict__["_eyas_blocks"] = saved
+        gguf_blocks.attach_gguf_blocks(model, path)
+
+
+@needs_bf16
+def test_embedded_default_bf16_speculative_equals_drafter_none_on_the_blocks(embedded_bf16, monkeypatch):
+    """Exact mode's promise with the kernel serving every decode and verify forward, unpadded."""
+    from eyas.api import Speculator
+    from eyas.drafters.loading import DrafterSpec
+
+    loaded, _ = embedded_bf16
+    spec = Speculator(loaded, DrafterSpec("default", tree="dynamic:4,3,10"))
+    assert spec.exact
+    calls = []
+    real = GGUFBlocks.linear
+    monkeypatch.setattr(GGUFBlocks, "linear", lambda self, x, b: calls.append(x.shape) or real(self, x, b))
+    prompt = "List three facts about the moon, one per line."
+    plain = spec.generate(prompt, speculate=False, max_new_tokens=40)
+    assert calls, "plain bf16 decoding never read the GGUF blocks"
+    calls.clear()
+    fast = spec.generate(prompt, max_new_tokens=40)
+    assert fast.token_ids == plain.token_ids
+    assert fast.steps < len(fast.token_ids) - 1, "nothing was accepted: the comparison proves little"
+    assert max(s[-2] for s in calls) > 1, "verification never ran a tree through the kernel"
