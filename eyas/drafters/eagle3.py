@@ -25,7 +25,8 @@ from eyas.drafters.base import TargetFeatures, register_drafter
 from eyas.drafters.eagle import EagleDrafter
 from eyas.models.base import causal_mask
 from eyas.models.config import ModelConfig
-from eyas.models.native import MLP, Attention, RMSNorm, rope_tables, vocab_logits
+from eyas.models.native import MLP, Attention, RMSNorm, vocab_logits
+from eyas.models.layers import RopeTable
 
 
 def default_eagle3_taps(num_layers: int) -> tuple[int, int, int]:
@@ -137,9 +138,15 @@ class Eagle3Head(nn.Module):
         """[..., H] pre-norm outputs -> [..., Vd] draft-vocabulary logits."""
         return vocab_logits(self.lm_head, self.norm(out))
 
+    def _rope_table(self) -> RopeTable:
+        table = self.__dict__.get("_eyas_rope")
+        if table is None or table.inv_freq is not self.inv_freq:
+            table = self.__dict__["_eyas_rope"] = RopeTable(self.inv_freq)
+        return table
+
     def forward(self, emb, hid, positions, cache, start: int, mask) -> torch.Tensor:
         """emb, hid: [B, T, H]; positions [B, T]; mask [B, T, S] bool or None -> [B, T, H] pre-norm."""
-        rope = rope_tables(self.inv_freq, positions, emb.dtype)
+        rope = self._rope_table()(positions, emb.dtype, cache.max_slots)
         t = emb.shape[1]
         attn_mask = None if mask is None else mask[:, None]
         if attn_mask is None and t > 1:

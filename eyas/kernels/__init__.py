@@ -56,6 +56,15 @@ def skinny_gemm():
     return _get("skinny_gemm", "the few-row float32 projection kernel", "EYAS_SKINNY_GEMM")
 
 
+def rms_norm():
+    """The compiled one-pass RMSNorm (``rms_norm(x, w, eps)``, bf16 or float32 CPU tensors), or None where it is off
+    (``EYAS_NORM_KERNEL=0``) or cannot be built.
+    """
+    if os.environ.get("EYAS_NORM_KERNEL", "1") == "0":
+        return None
+    return _get("rms_norm", "the RMSNorm kernel", "EYAS_NORM_KERNEL")
+
+
 def gguf_bf16():
     """The compiled bf16 projection over GGUF blocks (``linear(x, blocks, qtype, bias)``, ``dequantize(blocks,
     qtype, k)``, ``available()``: False where the CPU lacks AVX512-BF16), or None where it is off

@@ -110,8 +110,9 @@ inline float reduce16(__m512 v) {  // fixed tree: (l, l+8), (l, l+4), (l, l+2), 
   return _mm_cvtss_f32(b);
 }
 
-constexpr int NB = 4;  // weight rows per group
-constexpr int MR = 4;  // input rows per register block
+constexpr int NB = 4;      // weight rows per group
+constexpr int MR = 4;      // input rows per register block
+constexpr int MAX_M = 64;  // input rows per pass over a group's dequantised weights
 
 // rows x[0 .. mr) against NR weights given as bf16 vectors per block (w[j] + 32 * b); out[i * ldo + j] (float)
 template <int MRr, int NR>
@@ -186,26 +187,36 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor blocks, int64_t qtype, torch
   TORCH_CHECK(k % QK == 0 && blocks.dim() == 2 && blocks.size(1) == k / QK * bb && blocks.is_contiguous(),
               "gguf_bf16.linear: blocks [N, K / 32 * ", bb, "] contiguous uint8 for K = ", k);
   x = x.contiguous();
-  auto acc = torch::empty({m, n}, x.options().dtype(at::kFloat));
+  const bool has_bias = bias.defined() && bias.numel();
+  TORCH_CHECK(!has_bias || bias.numel() == n, "gguf_bf16.linear: bias [N]");
+  const torch::Tensor b32 = has_bias ? bias.to(at::kFloat).contiguous() : bias;
+  const float* bd = has_bias ? b32.data_ptr<float>() : nullptr;
+  auto out = torch::empty({m, n}, x.options());
   const uint16_t* xd = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
   const uint8_t* wd = blocks.data_ptr<uint8_t>();
-  float* od = acc.data_ptr<float>();
+  c10::BFloat16* od = out.data_ptr<c10::BFloat16>();
   const int64_t row_bytes = blocks.size(1), groups = (n + NB - 1) / NB;
   at::parallel_for(0, groups, 8, [&](int64_t g0, int64_t g1) {
     std::vector<uint16_t> buf;
+    float acc[MAX_M * NB];
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t j0 = g * NB, nr = std::min<int64_t>(NB, n - j0);
       const uint8_t* ws[NB];
       for (int64_t j = 0; j < nr; ++j) ws[j] = wd + (j0 + j) * row_bytes;
-      if (nr == NB) {
-        group<NB>(xd, m, ws, k, bb, qtype, buf, od + j0, n);
-      } else {
-        for (int64_t j = 0; j < nr; ++j) group<1>(xd, m, ws + j, k, bb, qtype, buf, od + j0 + j, n);
+      for (int64_t i0 = 0; i0 < m; i0 += MAX_M) {  // rows in chunks: each row's sums are the same in any chunk
+        const int64_t mc = std::min<int64_t>(MAX_M, m - i0);
+        if (nr == NB) {
+          group<NB>(xd + i0 * k, mc, ws, k, bb, qtype, buf, acc, NB);
+        } else {
+          for (int64_t j = 0; j < nr; ++j) group<1>(xd + i0 * k, mc, ws + j, k, bb, qtype, buf, acc + j, NB);
+        }
+        for (int64_t i = 0; i < mc; ++i)  // bias in float32, then one rounding to nearest even
+          for (int64_t j = 0; j < nr; ++j)
+            od[(i0 + i) * n + j0 + j] = c10::BFloat16(bd ? acc[i * NB + j] + bd[j0 + j] : acc[i * NB + j]);
       }
     }
   });
-  if (bias.defined() && bias.numel()) acc.add_(bias.to(at::kFloat));
-  return acc.to(at::kBFloat16);  // one rounding, to nearest even
+  return out;
 #else
   TORCH_CHECK(false, "gguf_bf16.linear: built without AVX512-BF16");
 #endif

@@ -23,10 +23,42 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # computed in float32 like transformers, then cast back
+        if not torch.is_grad_enabled():  # inference (the heads' drafting): one compiled pass where it serves
+            return rms_norm(x, self)
+        # training: computed in float32 like transformers, then cast back
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
+
+
+def rms_norm(x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+    """One fused kernel: statistics and scaling in fp32, one rounding to x's dtype at the end.
+
+    Numerics policy: transformers rounds the normalised activations to the model dtype before
+    multiplying by the weight (two roundings); this rounds once. The difference is within bf16
+    rounding (tests/models/test_native.py compares logits with transformers at stated tolerances).
+    CPU inference takes the compiled one-pass kernel (eyas/kernels/rms_norm.cpp, row-invariant: ~1 us a
+    row against ~19 us for torch's decomposed op); anything else ``F.rms_norm``.
+    """
+    w = norm.weight
+    if x.device.type == "cpu" and x.dtype == w.dtype and x.dtype in _NORM_DTYPES and not torch.is_grad_enabled():
+        kernel = _norm_kernel()
+        if kernel is not None:
+            return kernel.rms_norm(x, w, norm.eps)
+    return F.rms_norm(x, w.shape, w, norm.eps)
+
+
+_NORM_DTYPES = (torch.bfloat16, torch.float32)
+_norm = None  # the compiled kernel, False where unavailable, None before the first look
+
+
+def _norm_kernel():
+    global _norm
+    if _norm is None:
+        from eyas import kernels  # here: eyas.kernels imports eyas.models.loading, which imports this module
+
+        _norm = kernels.rms_norm() or False
+    return _norm or None
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -41,6 +73,23 @@ def rope_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dt
     freqs = positions[..., None].float() * inv_freq.to(positions.device)  # [B, T, Dh/2]
     emb = torch.cat((freqs, freqs), dim=-1)[:, None]
     return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+class RopeTable:
+    """``rope_tables`` for a drafting head from a table computed once (fp32, grown on demand): two index ops a
+    call instead of building the angles, cos and sin every tree level."""
+
+    def __init__(self, inv_freq: torch.Tensor) -> None:
+        self.inv_freq = inv_freq
+        self.cos = self.sin = torch.empty(0, 2 * inv_freq.shape[0])
+
+    def __call__(self, positions: torch.Tensor, dtype: torch.dtype, slots: int):
+        """positions [B, T], all < slots -> cos, sin [B, 1, T, Dh] in ``dtype``."""
+        if self.cos.shape[0] < slots or self.cos.device != positions.device:
+            n = max(slots, 2 * self.cos.shape[0])
+            cos, sin = rope_tables(self.inv_freq, torch.arange(n, device=positions.device)[None], torch.float32)
+            self.cos, self.sin = cos[0, 0], sin[0, 0]
+        return self.cos[positions][:, None].to(dtype), self.sin[positions][:, None].to(dtype)
 
 
 def vocab_logits(proj: nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ from eyas.models.layers import (  # noqa: F401  (re-exported: the heads build on
     DecoderLayer,
     RMSNorm,
     apply_rope,
+    rms_norm,
     rope_tables,
     vocab_logits,
 )
@@ -104,16 +105,6 @@ class TargetLayer(nn.Module):
     def forward(self, x, rope: Rope, cache: KVCache, layer: int, meta: AttnMeta, floors) -> torch.Tensor:
         x = x + self.self_attn(rms_norm(x, self.input_layernorm), rope, cache, layer, meta, floors)
         return x + self.mlp(rms_norm(x, self.post_attention_layernorm), floors)
-
-
-def rms_norm(x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
-    """One fused kernel: statistics and scaling in fp32, one rounding to x's dtype at the end.
-
-    Numerics policy: transformers rounds the normalised activations to the model dtype before
-    multiplying by the weight (two roundings); this rounds once. The difference is within bf16
-    rounding (tests/models/test_native.py compares logits with transformers at stated tolerances).
-    """
-    return F.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)
 
 
 # fused name -> the Hugging Face projections concatenated into it, in row order
