@@ -74,9 +74,15 @@ void dequant_block_f32(const uint8_t* blk, int64_t qtype, float* out) {
 }
 
 #ifdef EYAS_GGUF_BF16
+inline float half_f16c(const uint8_t* p) {  // the hardware conversion (c10::Half's is bit manipulation in software)
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
 // one block -> 32 bf16 weights in one register, low 16 = weights 0..15
 inline __m512i dequant_block(const uint8_t* blk, int64_t qtype) {
-  const __m512 d = _mm512_set1_ps(half_to_float(blk));
+  const __m512 d = _mm512_set1_ps(half_f16c(blk));
   __m512 lo, hi;
   if (qtype == Q8_0) {
     const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
@@ -90,7 +96,7 @@ inline __m512i dequant_block(const uint8_t* blk, int64_t qtype) {
     __m512i ql = _mm512_cvtepu8_epi32(_mm_and_si128(q, mask));
     __m512i qh = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), mask));
     if (qtype == Q4_1) {
-      const __m512 m = _mm512_set1_ps(half_to_float(blk + 2));
+      const __m512 m = _mm512_set1_ps(half_f16c(blk + 2));
       lo = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(ql)), m);
       hi = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(qh)), m);
     } else {
