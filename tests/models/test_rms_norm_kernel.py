@@ -43,3 +43,21 @@ def test_strided_input_and_training_path():
     n.weight.requires_grad_(True)
     rms_norm(x, n).float().sum().backward()  # with autograd on, torch's op: gradients flow
     assert n.weight.grad is not None
+
+
+def test_heads_rope_table_gives_rope_tables_values():
+    """The drafting heads index a cached table (eyas.models.layers.RopeTable) instead of building the angles."""
+    from eyas.models.config import ModelConfig
+    from eyas.models.layers import RopeTable, rope_tables
+
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4, num_kv_heads=2,
+                      head_dim=8, max_position_embeddings=4096)
+    table = RopeTable(cfg.inv_freq())
+    positions = torch.tensor([[0, 5, 17, 300], [2, 2, 3, 1023]])
+    table(positions[:, :2], torch.float32, slots=8)
+    for dtype in (torch.float32, torch.bfloat16):
+        cos, sin = table(positions, dtype, slots=1024)  # grown from the 8 slots of the first call
+        ref_cos, ref_sin = rope_tables(cfg.inv_freq(), positions, dtype)
+        assert cos.shape == ref_cos.shape == (2, 1, 4, 8) and cos.dtype == dtype
+        torch.testing.assert_close(cos, ref_cos, rtol=0, atol=1e-6 if dtype == torch.float32 else 4e-3)
+        torch.testing.assert_close(sin, ref_sin, rtol=0, atol=1e-6 if dtype == torch.float32 else 4e-3)
