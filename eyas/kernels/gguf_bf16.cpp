@@ -81,31 +81,34 @@ inline float half_f16c(const uint8_t* p) {  // the hardware conversion (c10::Hal
 }
 
 // one block -> 32 bf16 weights in one register, low 16 = weights 0..15
+//
+// Q4_*: a block has 16 possible weights, so the 16 are computed once (d * q + m for q = 0..15 in float32, rounded
+// to bf16) and the 32 nibbles pick from that table (VPERMW): ~12 instructions a block instead of ~17 for
+// converting all 32 quants (measured: SmolLM2's Q4_1 layers at one row 61 -> 56 us for [3072, 576], Zen 5).
 inline __m512i dequant_block(const uint8_t* blk, int64_t qtype) {
   const __m512 d = _mm512_set1_ps(half_f16c(blk));
-  __m512 lo, hi;
   if (qtype == Q8_0) {
     const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
-    lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(a)));
-    hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)));
-  } else {
-    const int off = qtype == Q4_1 ? 4 : 2;
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + off));
-    const __m128i mask = _mm_set1_epi8(0x0F);
-    __m512i ql = _mm512_cvtepu8_epi32(_mm_and_si128(q, mask));
-    __m512i qh = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), mask));
-    if (qtype == Q4_1) {
-      const __m512 m = _mm512_set1_ps(half_f16c(blk + 2));
-      lo = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(ql)), m);
-      hi = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(qh)), m);
-    } else {
-      const __m512i eight = _mm512_set1_epi32(8);
-      lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(ql, eight)));
-      hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(qh, eight)));
-    }
+    const __m512 lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(a)));
+    const __m512 hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)));
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);  // round to nearest even, as torch's float -> bf16
   }
-  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);  // round to nearest even, as torch's float -> bf16
+  __m512 table;
+  if (qtype == Q4_1) {
+    const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    table = _mm512_add_ps(_mm512_mul_ps(d, q), _mm512_set1_ps(half_f16c(blk + 2)));
+  } else {
+    const __m512 q = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    table = _mm512_mul_ps(d, q);
+  }
+  const __m256i tab = (__m256i)_mm512_cvtneps_pbh(table);
+  const int off = qtype == Q4_1 ? 4 : 2;
+  const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + off)));
+  const __m256i lo = _mm256_and_si256(q, _mm256_set1_epi16(0x0F));
+  const __m256i hi = _mm256_srli_epi16(q, 4);
+  const __m512i idx = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+  return _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(tab));  // indices < 16 read the table only
 }
 
 inline float reduce16(__m512 v) {  // fixed tree: (l, l+8), (l, l+4), (l, l+2), (l, l+1)
