@@ -25,8 +25,8 @@ from eyas.drafters.base import TargetFeatures, register_drafter
 from eyas.drafters.eagle import EagleDrafter
 from eyas.models.base import causal_mask
 from eyas.models.config import ModelConfig
-from eyas.models.native import MLP, Attention, RMSNorm, vocab_logits
 from eyas.models.layers import RopeTable
+from eyas.models.native import MLP, Attention, RMSNorm, vocab_logits
 
 
 def default_eagle3_taps(num_layers: int) -> tuple[int, int, int]:

@@ -77,7 +77,8 @@ def rope_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dt
 
 class RopeTable:
     """``rope_tables`` for a drafting head from a table computed once (fp32, grown on demand): two index ops a
-    call instead of building the angles, cos and sin every tree level."""
+    call instead of building the angles, cos and sin every tree level.
+    """
 
     def __init__(self, inv_freq: torch.Tensor) -> None:
         self.inv_freq = inv_freq

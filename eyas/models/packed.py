@@ -66,7 +66,8 @@ class PackedLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., K] -> [..., N]: the GGUF-block kernel for a few bf16 rows where the weight has blocks
-        (eyas.models.gguf_blocks), else ``dense``."""
+        (eyas.models.gguf_blocks), else ``dense``.
+        """
         blocks = blocks_of(self, x)
         if blocks is not None and x.numel() <= FAST_ROWS * x.shape[-1]:
             return blocks.linear(x, self.bias)
@@ -74,7 +75,8 @@ class PackedLinear(nn.Linear):
 
     def dense(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., K] -> [..., N] on the dense weight: oneDNN prepacked (bf16), the streaming kernel (few fp32
-        rows) or ``F.linear``. Exact mode's prefill and row-floor probes take this path only."""
+        rows) or ``F.linear``. Exact mode's prefill and row-floor probes take this path only.
+        """
         packed = self._packed(x)
         if packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")

@@ -32,7 +32,8 @@ def random_blocks(qtype: str, n: int, k: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     _, nbytes = TYPES[qtype]
     raw = rng.integers(0, 256, size=(n, k // 32, nbytes), dtype=np.uint8)
-    raw[..., 0:2] = (rng.uniform(0.001, 0.05, size=(n, k // 32)).astype(np.float16)).view(np.uint8).reshape(n, k // 32, 2)
+    scales = rng.uniform(0.001, 0.05, size=(n, k // 32)).astype(np.float16)
+    raw[..., 0:2] = scales.view(np.uint8).reshape(n, k // 32, 2)
     if qtype == "Q4_1":
         mins = -rng.uniform(0.0, 0.4, size=(n, k // 32)).astype(np.float16)
         raw[..., 2:4] = mins.view(np.uint8).reshape(n, k // 32, 2)
