@@ -24,7 +24,8 @@ from eyas.formats import read_weights, weight_keys
 from eyas.kv.static import KVCache
 from eyas.models.base import causal_mask
 from eyas.models.config import ModelConfig
-from eyas.models.native import DecoderLayer, rope_tables
+from eyas.models.layers import RopeTable
+from eyas.models.native import DecoderLayer
 from eyas.models.packed import pack_linears_
 from eyas.types import DraftOutput, SamplingParams, Tree
 
@@ -47,11 +48,12 @@ class EagleHead(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, d) if with_embedding else None
         # a plain attribute, not a buffer: .to(bfloat16) must not round the RoPE frequencies
         self.inv_freq = cfg.inv_freq()
+        self.rope_table = RopeTable(self.inv_freq)  # cos / sin by position, computed once (not state)
 
     def forward(self, emb, feats, positions, cache: KVCache, start: int, mask) -> torch.Tensor:
         """emb, feats: [B, T, D]; positions [B, T]; mask [B, T, S] bool or None -> [B, T, D]."""
         x = self.fc(torch.cat([emb, feats.to(emb.dtype)], dim=-1))
-        rope = rope_tables(self.inv_freq, positions, x.dtype)
+        rope = self.rope_table(positions, x.dtype, cache.max_slots)
         t = x.shape[1]
         attn_mask = None if mask is None else mask[:, None]
         if attn_mask is None and t > 1:

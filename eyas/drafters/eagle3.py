@@ -116,6 +116,7 @@ class Eagle3Head(nn.Module):
         self.register_buffer("t2d", torch.arange(v) < vd)
         # a plain attribute, not a buffer: .to(bfloat16) must not round the RoPE frequencies
         self.inv_freq = cfg.model.inv_freq()
+        self.rope_table = RopeTable(self.inv_freq)  # cos / sin by position, computed once (not state)
 
     def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
         """target_ids: [Vd] long, sorted ascending -> d2t offsets and t2d mask."""
@@ -138,15 +139,9 @@ class Eagle3Head(nn.Module):
         """[..., H] pre-norm outputs -> [..., Vd] draft-vocabulary logits."""
         return vocab_logits(self.lm_head, self.norm(out))
 
-    def _rope_table(self) -> RopeTable:
-        table = self.__dict__.get("_eyas_rope")
-        if table is None or table.inv_freq is not self.inv_freq:
-            table = self.__dict__["_eyas_rope"] = RopeTable(self.inv_freq)
-        return table
-
     def forward(self, emb, hid, positions, cache, start: int, mask) -> torch.Tensor:
         """emb, hid: [B, T, H]; positions [B, T]; mask [B, T, S] bool or None -> [B, T, H] pre-norm."""
-        rope = self._rope_table()(positions, emb.dtype, cache.max_slots)
+        rope = self.rope_table(positions, emb.dtype, cache.max_slots)
         t = emb.shape[1]
         attn_mask = None if mask is None else mask[:, None]
         if attn_mask is None and t > 1:
