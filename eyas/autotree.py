@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from eyas import kernels
 from eyas.decode import DecodeConfig, SpecDecoder
 from eyas.drafters.base import Drafter
 from eyas.drafters.eagle3 import Eagle3Drafter
@@ -111,6 +112,8 @@ def machine_key(target: LoadedTarget, head_dir: Path, exact: bool) -> dict:
             "skinny": target.model.dtype == torch.float32 and skinny_gemm_ready(),
             # bf16 projections read from GGUF blocks (eyas.models.gguf_blocks): cheaper at one row, dearer wide
             "gguf_blocks": sum("_eyas_blocks" in m.__dict__ for m in target.model.modules()),
+            # the compiled kernels' sources (a faster kernel changes the costs) and the head's Q8_0 weights
+            "kernels": kernels.sources_digest(), "head_q8": os.environ.get("EYAS_HEAD_Q8", "1") != "0",
             # int8 projections cost differently by width (eyas.models.quant): a separate table
             "quantized": sorted({type(m).__name__ for m in target.model.modules() if hasattr(m, "scales")})}
 

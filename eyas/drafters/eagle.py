@@ -24,6 +24,7 @@ from eyas.formats import read_weights, weight_keys
 from eyas.kv.static import KVCache
 from eyas.models.base import causal_mask
 from eyas.models.config import ModelConfig
+from eyas.models.gguf_blocks import quantize_head_
 from eyas.models.layers import RopeTable
 from eyas.models.native import DecoderLayer
 from eyas.models.packed import pack_linears_
@@ -122,6 +123,7 @@ class EagleDrafter(Drafter):
             head = load_eagle_head(Path(path), self.target.config, self.target.dtype)
         self.head = head.to(head_compute_dtype(self.target))
         pack_linears_(self.head)  # bf16 on a CPU: prepacked oneDNN weights (eyas.models.packed), same bits
+        quantize_head_(self.head)  # bf16 on a CPU with AVX512-BF16: Q8_0 weights, half the bytes a step
         self.expansion = make_expansion(tree)
         self.max_nodes = self.expansion.max_nodes
 

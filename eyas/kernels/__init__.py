@@ -38,6 +38,14 @@ def _build_dir(source: Path, flags: list[str] = ()) -> Path:
     return cache_root() / "kernels" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+def sources_digest() -> str:
+    """sha256 (16 hex digits) of every kernel source: a cost table measured on other kernels is stale."""
+    h = hashlib.sha256()
+    for f in sorted(_HERE.glob("*.cpp")):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def path_attention():
     """The compiled module (``path_attention(q, k, v, start, path, lengths, scale)``, ``supports(group, head_dim)``),
     or None where it is off or cannot be built (a one-line warning says why, once).

@@ -160,9 +160,15 @@ void group(const uint16_t* xd, int64_t m, const uint8_t* const* w, int64_t k, in
     for (int r = 0; r < MR; ++r) xs[r] = xd + (i + r) * k;
     micro<MR, NR>(xs, ws, nblk, out + i * ldo, ldo);
   }
-  for (; i < m; ++i) {
-    const uint16_t* xs[1] = {xd + i * k};
-    micro<1, NR>(xs, ws, nblk, out + i * ldo, ldo);
+  // the last 1-3 rows in one register block too (each accumulator's chain is the same whatever the block's row
+  // count, so this changes no bit; one row at a time, 3 rows cost 1.3x 4 rows: measured, Zen 5)
+  const uint16_t* xs[MR];
+  for (int r = 0; r < m - i; ++r) xs[r] = xd + (i + r) * k;
+  switch (m - i) {
+    case 3: micro<3, NR>(xs, ws, nblk, out + i * ldo, ldo); break;
+    case 2: micro<2, NR>(xs, ws, nblk, out + i * ldo, ldo); break;
+    case 1: micro<1, NR>(xs, ws, nblk, out + i * ldo, ldo); break;
+    default: break;
   }
 }
 #endif

@@ -147,13 +147,14 @@ inline __m512 load16(const uint16_t* p) {
 }
 #endif
 
-// decode: one (row, KV head), slots 0 .. total - 1. No fixed-order promise (a row's result is its own
-// whatever the batch, but not bit-equal to path_attention's), so it runs on registers: keys once for the
-// G queries, softmax normalised at the end.
-// T: the cache's element type, float or bfloat16 (as uint16_t; AVX-512 builds only).
+// one (row, KV head) on registers: keys once for the G queries, softmax normalised at the end. Attended
+// slots in logical order: 0 .. start - 1, then path[0 .. total - start - 1] (decode: start = total, no path).
+// Fixed order per row (keys in logical order, the d lanes of a dot product by a fixed reduction, the softmax
+// sum in 16 lanes by logical index), so a row's bits depend only on what it attends: path_attention's
+// row-invariance promise. T: the cache's element type, float or bfloat16 (as uint16_t; AVX-512 builds only).
 template <int G, int DH, typename T>
 void decode_one(const float* q, const T* kb, const T* vb, int64_t ks, int64_t vs, int64_t total, float sc,
-                float* w, float* out) {
+                float* w, float* out, int64_t start, const int64_t* path) {
 #if defined(__AVX512F__)
   if constexpr (DH % 16 == 0) {
     constexpr int NV = DH / 16;
@@ -163,7 +164,7 @@ void decode_one(const float* q, const T* kb, const T* vb, int64_t ks, int64_t vs
     float m[G];
     for (int g = 0; g < G; ++g) m[g] = -INFINITY;
     for (int64_t i = 0; i < total; ++i) {
-      const T* kr = kb + i * ks;
+      const T* kr = kb + (i < start ? i : path[i - start]) * ks;
       __m512 kx[NV];
       for (int j = 0; j < NV; ++j) kx[j] = load16(kr + 16 * j);
       for (int g = 0; g < G; ++g) {
@@ -197,7 +198,7 @@ void decode_one(const float* q, const T* kb, const T* vb, int64_t ks, int64_t vs
     for (int g = 0; g < G; ++g)
       for (int j = 0; j < NV; ++j) acc[g][j] = _mm512_setzero_ps();
     for (int64_t i = 0; i < total; ++i) {
-      const T* vr = vb + i * vs;
+      const T* vr = vb + (i < start ? i : path[i - start]) * vs;
       __m512 vx[NV];
       for (int j = 0; j < NV; ++j) vx[j] = load16(vr + 16 * j);
       for (int g = 0; g < G; ++g) {
@@ -211,11 +212,12 @@ void decode_one(const float* q, const T* kb, const T* vb, int64_t ks, int64_t vs
     return;
   }
 #endif
-  if constexpr (std::is_same_v<T, float>) attend_one<G, DH>(q, kb, vb, ks, vs, total, nullptr, total, sc, w, out);
+  if constexpr (std::is_same_v<T, float>) attend_one<G, DH>(q, kb, vb, ks, vs, start, path, total, sc, w, out);
 }
 
 template <typename T>
-using DecodeFn = void (*)(const float*, const T*, const T*, int64_t, int64_t, int64_t, float, float*, float*);
+using DecodeFn = void (*)(const float*, const T*, const T*, int64_t, int64_t, int64_t, float, float*, float*, int64_t,
+                          const int64_t*);
 
 template <int DH, typename T>
 DecodeFn<T> pick_decode_group(int64_t g) {
@@ -261,7 +263,7 @@ torch::Tensor path_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, 
   TORCH_CHECK(path.dtype() == torch::kInt64 && lengths.dtype() == torch::kInt64, "path_attention: int64 slots");
   const int64_t n = q.size(0), h = q.size(1), dh = q.size(2), hk = k.size(0), p = path.size(1);
   const int64_t group = h / hk;
-  const Fn fn = pick(group, dh);
+  const DecodeFn<float> fn = pick_decode<float>(group, dh);
   TORCH_CHECK(fn != nullptr, "path_attention: unsupported head_dim / group ", dh, " / ", group);
   auto path_c = path.contiguous();
   auto len_c = lengths.contiguous();
@@ -282,8 +284,8 @@ torch::Tensor path_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, 
       const int64_t total = start + lp[r];
       w.resize(group * total);
       const int64_t head0 = r * h + kvh * group;
-      fn(qp + head0 * dh, kp + kvh * ks0, vp + kvh * vs0, ks1, vs1, start, pp + r * p, total, sc, w.data(),
-         op + head0 * dh);
+      fn(qp + head0 * dh, kp + kvh * ks0, vp + kvh * vs0, ks1, vs1, total, sc, w.data(), op + head0 * dh, start,
+         pp + r * p);
     }
   });
   return out;
@@ -321,7 +323,7 @@ void decode_run(const float* qp, const T* kp, const T* vp, const int64_t* lp, fl
         w.resize(group * total);
         const int64_t head0 = r * h + kvh * group;
         fn(qp + head0 * dh, kp + r * kb + kvh * kh, vp + r * vb + kvh * vh, ks, vs, total, sc, w.data(),
-           op + head0 * dh);
+           op + head0 * dh, total, nullptr);
       }
   });
 }

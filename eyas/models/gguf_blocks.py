@@ -102,6 +102,52 @@ def attach_gguf_blocks(model: nn.Module, gguf_path: str | Path) -> int:
     return count
 
 
+def quantize_q8_0(w: torch.Tensor) -> torch.Tensor:
+    """w: [N, K] (K a multiple of 32) -> [N, K / 32 * 34] uint8 GGML Q8_0 blocks: per 32 weights an fp16 scale
+    d = max |w| / 127, then round(w / d) as int8 (the scale rounded to fp16 first, so the quants fit the scale
+    the kernel reads).
+    """
+    n, k = w.shape
+    if k % 32:
+        raise ValueError(f"Q8_0 needs a multiple of 32 input features, got {k}")
+    blocks = w.detach().float().reshape(n, k // 32, 32)
+    d = (blocks.abs().amax(-1) / 127).to(torch.float16)  # [N, K / 32]
+    inv = torch.where(d > 0, 1 / d.float().clamp(min=1e-30), torch.zeros((), dtype=torch.float32))
+    q = torch.round(blocks * inv[..., None]).clamp(-127, 127).to(torch.int8)
+    out = torch.empty(n, k // 32, 34, dtype=torch.uint8)
+    out[..., :2] = d.view(torch.uint8).reshape(n, k // 32, 2)
+    out[..., 2:] = q.view(torch.uint8)
+    return out.reshape(n, -1)
+
+
+def quantize_head_(head: nn.Module) -> int:
+    """A draft head's bf16 CPU projections as Q8_0 blocks on the block kernel: each weight is replaced, in place,
+    by its Q8_0 rounding (the same weights on both paths: the kernel up to ``FAST_ROWS`` rows, oneDNN past it).
+
+    A head runs right after a verify forward has streamed the target's weights through the caches, so its
+    own weights come from DRAM every step: 1.06 bytes a weight instead of 2 halves that read. The draft
+    changes by the rounding (about 0.4 % of a block's largest weight); verification keeps the output lossless.
+    Returns the number of projections; 0 where the kernel is unavailable, the head is not bf16 on a CPU,
+    or ``EYAS_HEAD_Q8=0``.
+    """
+    if os.environ.get("EYAS_HEAD_Q8", "1") == "0":
+        return 0
+    kernel = _kernel()
+    count = 0
+    for mod in head.modules():
+        w = getattr(mod, "weight", None)
+        if kernel is None or not isinstance(mod, nn.Linear) or "_eyas_blocks" in mod.__dict__:
+            continue
+        if w.dtype != torch.bfloat16 or w.device.type != "cpu" or w.shape[1] % 32:
+            continue
+        data = quantize_q8_0(w)
+        with torch.no_grad():
+            w.copy_(kernel.dequantize(data, _SUPPORTED["Q8_0"], w.shape[1]))
+        mod.__dict__["_eyas_blocks"] = GGUFBlocks(data=data, qtype=_SUPPORTED["Q8_0"], k=w.shape[1])
+        count += 1
+    return count
+
+
 def _attach(mod: nn.Module, tensors: list, parts: tuple[str, ...], cfg, kernel) -> int:
     if not isinstance(mod, nn.Linear) or any(t is None for t in tensors):
         return 0

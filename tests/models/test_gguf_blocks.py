@@ -155,7 +155,14 @@ def test_embedded_default_bf16_speculative_equals_drafter_none_on_the_blocks(emb
     assert spec.exact
     calls = []
     real = GGUFBlocks.linear
-    monkeypatch.setattr(GGUFBlocks, "linear", lambda self, x, b: calls.append(x.shape) or real(self, x, b))
+    target = {id(m.__dict__["_eyas_blocks"]) for m in loaded.model.modules() if "_eyas_blocks" in m.__dict__}
+
+    def spy(self, x, b):  # the target's projections only (the draft head has Q8_0 blocks of its own)
+        if id(self) in target:
+            calls.append(x.shape)
+        return real(self, x, b)
+
+    monkeypatch.setattr(GGUFBlocks, "linear", spy)
     prompt = "List three facts about the moon, one per line."
     plain = spec.generate(prompt, speculate=False, max_new_tokens=40)
     assert calls, "plain bf16 decoding never read the GGUF blocks"
@@ -164,3 +171,40 @@ def test_embedded_default_bf16_speculative_equals_drafter_none_on_the_blocks(emb
     assert fast.token_ids == plain.token_ids
     assert fast.steps < len(fast.token_ids) - 1, "nothing was accepted: the comparison proves little"
     assert max(s[-2] for s in calls) > 1, "verification never ran a tree through the kernel"
+
+
+def test_q8_0_quantisation_is_ggml_q8_0_within_half_a_step():
+    w = torch.randn(40, 576, generator=torch.Generator().manual_seed(3)) * 0.05
+    w[3, :32] = 0.0  # an all-zero block: scale 0, quants 0
+    raw = gguf_blocks.quantize_q8_0(w)
+    assert raw.shape == (40, 576 // 32 * 34) and raw.dtype == torch.uint8
+    deq = torch.from_numpy(gguf.quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType.Q8_0)).reshape(40, 576)
+    step = w.reshape(40, -1, 32).abs().amax(-1, keepdim=True) / 127  # one quantisation step per block
+    err = (deq.reshape(40, -1, 32) - w.reshape(40, -1, 32)).abs()
+    assert bool((err <= 0.5 * step * 1.01 + 1e-8).all())
+    assert torch.count_nonzero(deq[3, :32]) == 0
+    with pytest.raises(ValueError, match="multiple of 32"):
+        gguf_blocks.quantize_q8_0(torch.zeros(2, 40))
+
+
+@needs_bf16
+def test_a_heads_projections_become_q8_0_blocks_with_matching_dense_weights(monkeypatch):
+    head = nn.Sequential(nn.Linear(576, 96, bias=False), nn.Linear(96, 64, bias=True), nn.Linear(40, 8))
+    head = head.to(torch.bfloat16).requires_grad_(False)
+    pack_linears_(head)
+    before = head[0].weight.clone()
+    monkeypatch.setenv("EYAS_HEAD_Q8", "0")
+    assert gguf_blocks.quantize_head_(head) == 0
+    monkeypatch.delenv("EYAS_HEAD_Q8")
+    assert gguf_blocks.quantize_head_(head) == 2  # K = 40 is not a multiple of 32: left as it is
+    assert "_eyas_blocks" not in head[2].__dict__
+    for lin in head[:2]:
+        blocks = lin.__dict__["_eyas_blocks"]
+        assert blocks.qtype == 8
+        assert torch.equal(KERNEL.dequantize(blocks.data, 8, lin.in_features), lin.weight)  # both paths: one weight
+    assert not torch.equal(head[0].weight, before)
+    assert (head[0].weight.float() - before.float()).abs().max() <= before.float().abs().max() / 127
+    x = torch.randn(3, 576, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        few, dense = head[0](x), head[0].dense(x)  # block kernel (<= FAST_ROWS rows) vs oneDNN, same weight
+    torch.testing.assert_close(few, dense, rtol=1e-2, atol=1e-2)
