@@ -96,9 +96,7 @@ class HybridDrafter(Drafter):
 
     def propose(self, history: torch.Tensor, sampling: SamplingParams, generator=None) -> DraftOutput:
         self.head.propose(history, sampling, generator)  # fills the head's candidate books
-        books = self.head.expansion.builder
-        m = books.num_candidates
-        base = Candidates(tokens=books.tokens[:m], parents=books.parents[:m], scores=books.scores[:m])
+        base = Candidates(*self.head.expansion.builder.candidates())  # the head's books, every scored node
         self.last = merge_candidates(base, lookup_chains(history.cpu(), self.cfg), self.max_nodes)
         t, dev = self.last.tree, history.device
         return DraftOutput(tree=Tree(t.tokens.to(dev), t.parents.to(dev), t.depth.to(dev), t.mask.to(dev)))

@@ -102,6 +102,26 @@ def make_tree(tokens: torch.Tensor, parents: torch.Tensor, validate: bool = True
     return Tree(tokens=tokens, parents=parents, depth=depth, mask=mask)
 
 
+def tree_from_lists(tokens: list[int], parents: list[int], device: torch.device | str | None = None) -> Tree:
+    """``make_tree`` for a small tree built on the host: parents already topological (``parents[i] < i``).
+
+    Depth and the ancestor mask come from one pass over the lists (bit masks), then four tensors: for the
+    tens of nodes of a draft tree that is several times cheaper than the tensor ops of ``ancestor_mask``.
+    """
+    n = len(tokens)
+    anc, depth = [0] * n, [0] * n
+    for i, p in enumerate(parents):
+        anc[i] = (anc[p] if p >= 0 else 0) | (1 << i)
+        depth[i] = depth[p] + 1 if p >= 0 else 0
+    mask = torch.tensor([[(a >> j) & 1 == 1 for j in range(n)] for a in anc], dtype=torch.bool, device=device)
+    return Tree(
+        tokens=torch.tensor(tokens, dtype=torch.long, device=device),
+        parents=torch.tensor(parents, dtype=torch.long, device=device),
+        depth=torch.tensor(depth, dtype=torch.long, device=device),
+        mask=mask.reshape(n, n),
+    )
+
+
 def chain_tree(tokens: torch.Tensor) -> Tree:
     """The chain tree: root then K drafts, node i's parent is i - 1.
 

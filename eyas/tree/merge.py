@@ -30,20 +30,23 @@ from dataclasses import dataclass
 
 import torch
 
-from eyas.tree.build import make_tree
+from eyas.tree.build import tree_from_lists
 from eyas.types import Tree
 
 
 @dataclass
 class Candidates:
-    """Scored candidate nodes below one root; slot order is topological (parent slot < child slot)."""
+    """Scored candidate nodes below one root; slot order is topological (parent slot < child slot).
+
+    Each field is an [M] tensor or a list of M numbers (the dynamic tree's books hand over lists).
+    """
 
     # [M] long, token of each candidate (slot 0 = the root)
-    tokens: torch.Tensor
+    tokens: torch.Tensor | list[int]
     # [M] long, parent slot of each candidate, -1 for the root
-    parents: torch.Tensor
+    parents: torch.Tensor | list[int]
     # [M] float, log-prob-like score of each candidate (higher = more likely accepted; root 0)
-    scores: torch.Tensor
+    scores: torch.Tensor | list[float]
 
 
 @dataclass
@@ -75,10 +78,9 @@ def merge_candidates(base: Candidates, chains: list[Chain], budget: int) -> Merg
     """
     if budget < 1:
         raise ValueError(f"budget must count at least the root, got {budget}")
-    if base.tokens.ndim != 1 or not base.tokens.shape == base.parents.shape == base.scores.shape:
+    toks, pars, scores = _as_list(base.tokens), _as_list(base.parents), [float(s) for s in _as_list(base.scores)]
+    if not len(toks) == len(pars) == len(scores) or any(isinstance(t, list) for t in toks):
         raise ValueError("candidates' tokens, parents and scores must all be [M]")
-    toks, pars = base.tokens.tolist(), base.parents.tolist()
-    scores = [float(s) for s in base.scores.tolist()]
     scores[0] = 0.0
     n_base = len(toks)
     child = {(p, t): i for i, (p, t) in enumerate(zip(pars, toks, strict=True)) if i > 0}
@@ -101,11 +103,15 @@ def merge_candidates(base: Candidates, chains: list[Chain], budget: int) -> Merg
     ranked = sorted(range(1, len(toks)), key=lambda i: (-keys[i], i))[: budget - 1]
     kept = [0, *ranked]
     node_of = {slot: n for n, slot in enumerate(kept)}
-    dev = base.tokens.device
-    tokens = torch.tensor([toks[s] for s in kept], dtype=torch.long, device=dev)
-    parents = torch.tensor([node_of[pars[s]] if s else -1 for s in kept], dtype=torch.long, device=dev)
+    dev = base.tokens.device if isinstance(base.tokens, torch.Tensor) else None
+    tokens = [toks[s] for s in kept]
+    parents = [node_of[pars[s]] if s else -1 for s in kept]
     return MergedTree(
-        tree=make_tree(tokens, parents, validate=False),
+        tree=tree_from_lists(tokens, parents, dev),
         keys=torch.tensor([keys[s] for s in kept], device=dev),
         from_chain=torch.tensor([s >= n_base for s in kept], device=dev),
     )
+
+
+def _as_list(x) -> list:
+    return x.tolist() if isinstance(x, torch.Tensor) else list(x)

@@ -124,3 +124,15 @@ def test_make_tree_rejects_bad_shapes():
         make_tree(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
     with pytest.raises(ValueError, match=r"\[K \+ 1\]"):
         chain_tree(torch.zeros(2, 2, dtype=torch.long))
+
+
+def test_tree_from_lists_equals_make_tree():
+    from eyas.tree.build import tree_from_lists
+
+    gen = torch.Generator().manual_seed(7)
+    for n in (1, 2, 5, 17, 40):
+        parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
+        tokens = torch.randint(0, 1000, (n,), generator=gen).tolist()
+        got, ref = tree_from_lists(tokens, parents), make_tree(torch.tensor(tokens), torch.tensor(parents))
+        for field in ("tokens", "parents", "depth", "mask"):
+            assert torch.equal(getattr(got, field), getattr(ref, field)), (n, field)
