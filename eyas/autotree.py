@@ -7,8 +7,9 @@
 2. the machine's costs are measured once and cached under ``$EYAS_CACHE/tree_costs/`` (default
    ``~/.cache/eyas``), keyed by CPU model, torch version and threads, target, dtype, exact mode and
    head: a verify step at each width (SpecDecoder over a fixed junk tree of that many nodes: the
-   forward, verification and commit exactly as decoding runs them) and the head's drafting (its
-   ``propose`` timed for three dynamic trees, fitted to ``eyas.tree.sizing.DraftCost``);
+   forward, verification and commit exactly as decoding runs them) and the drafting (whole steps with
+   the real drafter, hybrid or head alone, on three dynamic trees, less the junk step of the same
+   width, fitted to ``eyas.tree.sizing.DraftCost``: extending the head after each verify included);
 3. ``eyas.tree.sizing.choose_tree`` picks top-k, depth and total nodes maximising predicted tokens/s.
 
 ``EYAS_AUTO_TREE=0`` turns it off (the head's recommended tree is used, as before).
@@ -30,6 +31,7 @@ from eyas import kernels
 from eyas.decode import DecodeConfig, SpecDecoder
 from eyas.drafters.base import Drafter
 from eyas.drafters.eagle3 import Eagle3Drafter
+from eyas.drafters.hybrid import HybridDrafter
 from eyas.drafters.loading import DrafterSpec, default_drafter_name, detect_kind, shipped_head
 from eyas.formats.eagle3 import load_eagle3
 from eyas.models.cpu import cpu_name
@@ -68,36 +70,49 @@ def measure_step_costs(model, exact: bool, widths=WIDTHS, steps: int = 8) -> dic
     out = {}
     for w in (widths[0], *widths):  # the first width twice: its first run pays for warm-up
         drafter = JunkTree(w, model.config.vocab_size) if w > 1 else None
-        dec = SpecDecoder(model, drafter, DecodeConfig(max_new_tokens=steps + 2, exact=exact))
-        times, last = [], None
-        for _ in dec.generate(prompt):
-            now = time.perf_counter()
-            if last is not None:
-                times.append(now - last)
-            last = now
-        out[w] = min(times[1:])
+        out[w] = _fastest_step(SpecDecoder(model, drafter, DecodeConfig(max_new_tokens=steps + 2, exact=exact)), prompt)
     return out
 
 
-def measure_draft_cost(head: torch.nn.Module, model, exact: bool, reps: int = 5) -> DraftCost:
-    """Fit DraftCost to an EAGLE-3 head's ``propose`` timed on dynamic trees (1, 1), (1, 4) and (8, 4)."""
+# dynamic trees (top_k, depth, total) whose drafting is timed; their node counts (total + 1) are in WIDTHS
+DRAFT_TREES = ((1, 1, 1), (1, 3, 3), (3, 3, 3))
+
+
+def measure_draft_cost(head: torch.nn.Module, model, exact: bool, step_costs: dict[int, float] | None = None,
+                       hybrid: bool = False, steps: int = 10) -> DraftCost:
+    """Fit DraftCost to whole decoding steps with the real drafter, less a junk tree's step of the same width.
+
+    A step's drafting is what the drafter adds to verification: extending the head over the accepted
+    tokens right after a verify forward (its weights then come from DRAM), the tree levels, the books and,
+    for the hybrid drafter, lookup and the merge. Timing ``propose`` alone on a warm head misses half of it.
+    ``step_costs``: seconds by width (``measure_step_costs``); the widths needed are measured if absent.
+    """
+    widths = sorted({t + 1 for _, _, t in DRAFT_TREES})
+    if step_costs is None or any(w not in step_costs for w in widths):
+        step_costs = measure_step_costs(model, exact, widths=tuple(widths))
     prompt = torch.randint(0, model.config.vocab_size, (CONTEXT,), generator=torch.Generator().manual_seed(1))
     prompt = prompt.to(model.device)
-    t = {}
-    for k, depth in ((1, 1), (1, 4), (8, 4)):
-        drafter = Eagle3Drafter(target_model=model, head=head, tree=f"dynamic:{k},{depth},{k}")
-        seq = SpecDecoder(model, drafter, DecodeConfig(max_new_tokens=4, exact=exact)).prefill(prompt)
-        drafter.propose(seq.history, SamplingParams(), None)  # warm-up
-        best = float("inf")
-        for _ in range(reps):  # propose leaves the committed state alone: repeatable
-            t0 = time.perf_counter()
-            drafter.propose(seq.history, SamplingParams(), None)
-            best = min(best, time.perf_counter() - t0)
-        t[k, depth] = best
-    per_node = max(t[8, 4] - t[1, 4], 0.0) / (3 * 7)
-    per_level = max((t[1, 4] - t[1, 1]) / 3 - per_node, 0.0)
-    # extending the head over the accepted tokens after each step costs about one more level
-    return DraftCost(per_step=t[1, 1] + per_level + per_node, per_level=per_level, per_node=per_node)
+    draft = {}
+    for k, depth, total in DRAFT_TREES:
+        drafter = Eagle3Drafter(target_model=model, head=head, tree=f"dynamic:{k},{depth},{total}")
+        if hybrid:
+            drafter = HybridDrafter(head_drafter=drafter)
+        dec = SpecDecoder(model, drafter, DecodeConfig(max_new_tokens=steps + 2, exact=exact))
+        draft[k, depth, total] = _fastest_step(dec, prompt) - step_costs[total + 1]
+    per_node = max(draft[3, 3, 3] - draft[1, 3, 3], 0.0) / (2 * 2)  # 2 levels of 3 fed nodes against 1
+    per_level = max((draft[1, 3, 3] - draft[1, 1, 1]) / 2 - per_node, 0.0)
+    return DraftCost(per_step=max(draft[1, 1, 1], 1e-5), per_level=per_level, per_node=per_node)
+
+
+def _fastest_step(dec: SpecDecoder, prompt: torch.Tensor) -> float:
+    """Seconds of the fastest decoding step after the first (other processes only ever add time)."""
+    times, last = [], None
+    for _ in dec.generate(prompt):
+        now = time.perf_counter()
+        if last is not None:
+            times.append(now - last)
+        last = now
+    return min(times[1:])
 
 
 def machine_key(target: LoadedTarget, head_dir: Path, exact: bool) -> dict:
@@ -118,9 +133,11 @@ def machine_key(target: LoadedTarget, head_dir: Path, exact: bool) -> dict:
             "quantized": sorted({type(m).__name__ for m in target.model.modules() if hasattr(m, "scales")})}
 
 
-def machine_costs(target: LoadedTarget, head_dir: Path, exact: bool) -> tuple[dict, DraftCost]:
-    """(step seconds by width, DraftCost) for this machine: from the cache, else measured and cached."""
-    key = machine_key(target, head_dir, exact)
+def machine_costs(target: LoadedTarget, head_dir: Path, exact: bool, hybrid: bool = False) -> tuple[dict, DraftCost]:
+    """(step seconds by width, DraftCost) for this machine: from the cache, else measured and cached.
+    ``hybrid``: the drafting measured is the hybrid drafter's (the head plus lookup and the merge).
+    """
+    key = {**machine_key(target, head_dir, exact), "hybrid": hybrid}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_root() / "tree_costs" / f"{digest}.json"
     if path.exists():
@@ -130,7 +147,7 @@ def machine_costs(target: LoadedTarget, head_dir: Path, exact: bool) -> tuple[di
           file=sys.stderr)
     cost = measure_step_costs(target.model, exact)
     head = load_eagle3(head_dir, target.model.config, target.model.dtype)
-    draft = measure_draft_cost(head, target.model, exact)
+    draft = measure_draft_cost(head, target.model, exact, step_costs=cost, hybrid=hybrid)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"key": key, "step_seconds": cost, "draft": asdict(draft)}, indent=1))
@@ -193,6 +210,9 @@ def size_tree_for(target: LoadedTarget, spec: DrafterSpec, exact: bool | None = 
     if profile is None:
         return None
     exact = target.model.dtype != torch.float32 if exact is None else exact
-    cost, draft = machine_costs(target, head_dir, exact)
+    name = default_drafter_name(target) if spec.name == "default" else spec.name
+    cost, draft = machine_costs(target, head_dir, exact, hybrid=name == "hybrid")  # timed as it will run
+    # lookup's extra tau for an explicit --drafter hybrid only: measured against an older head, it overstates
+    # what lookup adds to the current one (the default's measured tau is below the profile's prediction)
     extra = hybrid_extra_tau(head_dir) if spec.name == "hybrid" else None
     return choose_tree(cost, draft, profile, max_nodes=max_nodes, extra_tau=extra)

@@ -45,8 +45,9 @@ def test_step_costs_are_measured_at_every_width(llama, exact, monkeypatch):
 def test_draft_cost_fit_is_non_negative(llama, monkeypatch):
     monkeypatch.setattr(autotree, "CONTEXT", 12)
     head = random_eagle3_head(llama.config, draft_vocab_size=128, seed=3)
-    d = autotree.measure_draft_cost(head, llama, exact=False, reps=2)
-    assert d.per_step > 0 and d.per_level >= 0 and d.per_node >= 0
+    for hybrid in (False, True):
+        d = autotree.measure_draft_cost(head, llama, exact=False, hybrid=hybrid, steps=3)
+        assert d.per_step > 0 and d.per_level >= 0 and d.per_node >= 0
 
 
 @pytest.fixture
@@ -62,7 +63,7 @@ def fake_head(tmp_path, monkeypatch, llama):
     draft = DraftCost(per_step=0.004, per_level=0.003, per_node=0.0002)
     monkeypatch.setattr(autotree, "measure_step_costs", lambda model, exact: calls.append("steps") or table)
     monkeypatch.setattr(autotree, "load_eagle3", lambda *a: None)
-    monkeypatch.setattr(autotree, "measure_draft_cost", lambda head, model, exact: calls.append("draft") or draft)
+    monkeypatch.setattr(autotree, "measure_draft_cost", lambda head, model, exact, **kw: calls.append("draft") or draft)
     monkeypatch.setattr(autotree, "head_dir_of", lambda target, spec: head_dir)
     target = LoadedTarget(model=llama, tokenizer=None, path=tmp_path, name="tiny")
     return target, calls, table, draft
@@ -110,7 +111,7 @@ def fake_costs(tmp_path, monkeypatch):
     monkeypatch.delenv("EYAS_AUTO_TREE", raising=False)
     table = {1: 0.040, 2: 0.041, 4: 0.042, 8: 0.044, 16: 0.060, 32: 0.080}
     monkeypatch.setattr(autotree, "measure_step_costs", lambda model, exact: table)
-    monkeypatch.setattr(autotree, "measure_draft_cost", lambda head, model, exact: DraftCost(0.004, 0.003, 0.0002))
+    monkeypatch.setattr(autotree, "measure_draft_cost", lambda head, model, exact, **kw: DraftCost(0.004, 0.003, 0.0002))
     return table
 
 

@@ -84,6 +84,15 @@ def gguf_bf16():
     return _get("gguf_bf16", "the bf16 GGUF-block projection kernel", "EYAS_GGUF_BLOCKS", ["-ffp-contract=off"])
 
 
+def layer_ops():
+    """The compiled decode-layer steps (``rope_cache``: RoPE on q and k, k and v into the float32 cache, q as
+    float32, torch's bf16 numerics bit for bit), or None where it is off (``EYAS_LAYER_OPS=0``) or cannot be built.
+    """
+    if os.environ.get("EYAS_LAYER_OPS", "1") == "0":
+        return None
+    return _get("layer_ops", "the decode-layer kernel", "EYAS_LAYER_OPS", ["-ffp-contract=off"])
+
+
 def _get(name: str, what: str, env: str, flags: list[str] | None = None):
     with _lock:
         if name not in _loaded:

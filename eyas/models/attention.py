@@ -78,6 +78,41 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, la
     return y.to(q.dtype).transpose(1, 2)  # cast first: for T = 1 the transpose is then free (a view)
 
 
+def fused_path_attend(qkv: torch.Tensor, rope, cache: KVCache, layer: int, meta: AttnMeta) -> torch.Tensor | None:
+    """Exact mode, one sequence, the compiled path kernel: qkv [1, N, H + 2 Hk, Dh] bf16 (the fused projection,
+    before RoPE) -> [1, N, H, Dh] float32 through ``eyas/kernels/layer_ops.cpp`` (RoPE, cache write, q in
+    float32: the bits of ``Rope.apply`` + ``path_attend``) and the path kernel. None where it does not serve
+    (fast mode, batches, no kernel, not bf16 on a CPU, a bf16 cache): the caller takes the op-by-op path.
+    """
+    paths = meta.paths
+    if paths is None or len(paths) != 1 or paths[0].kernel is None or qkv.dtype != torch.bfloat16:
+        return None
+    if qkv.device.type != "cpu" or cache.k.dtype != torch.float32 or qkv.shape[1] != paths[0].order.shape[0]:
+        return None
+    ops = _layer_ops()
+    if ops is None:
+        return None
+    pa, n, dh = paths[0], qkv.shape[1], qkv.shape[-1]
+    kc, vc = cache.k[layer, 0], cache.v[layer, 0]
+    heads = qkv.shape[2] - 2 * kc.shape[0]
+    cos, sin = rope.rows
+    q = ops.rope_cache(qkv[0], cos, sin, kc, vc, pa.start, heads)  # [N, H, Dh] float32
+    y = pa.kernel.path_attention(q, kc, vc, pa.start, pa.slots, pa.lengths, dh**-0.5)
+    return y.view(1, n, heads, dh)
+
+
+_ops = None  # eyas.kernels.layer_ops(), False where unavailable, None before the first look
+
+
+def _layer_ops():
+    global _ops
+    if _ops is None:
+        from eyas import kernels
+
+        _ops = kernels.layer_ops() or False
+    return _ops or None
+
+
 def path_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int,
                 paths: PathAttention) -> torch.Tensor:
     """Exact mode, one sequence: q [1, N, H, Dh]; k, v [1, N, Hk, Dh] for N tree nodes -> [1, N, H, Dh].

@@ -7,12 +7,14 @@ Parameter names follow transformers exactly (``model.layers.0.self_attn.q_proj``
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from eyas.kv.static import KVCache
-from eyas.models.attention import KV_BLOCK, AttnMeta, attend, round_up
+from eyas.models.attention import KV_BLOCK, AttnMeta, attend, fused_path_attend, round_up
 from eyas.models.base import ForwardMeta, ForwardOutput, TargetModel, causal_mask
 from eyas.models.config import ModelConfig
 from eyas.models.exact import DecodeFloors, RowFloor, linear
@@ -40,6 +42,12 @@ class Rope:
     def __init__(self, table: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> None:
         cs = table[positions].to(dtype)  # [B, T, 2, Dh]
         self.cos, self.sin_signed = cs[:, :, :1], cs[:, :, 1:]
+
+    @functools.cached_property
+    def rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin_signed) as contiguous [B * T, Dh] (the compiled layer step's layout), made once a forward."""
+        dh = self.cos.shape[-1]
+        return self.cos.reshape(-1, dh).contiguous(), self.sin_signed.reshape(-1, dh).contiguous()
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """x: [B, T, N, Dh] -> rotated, contiguous."""
@@ -73,6 +81,10 @@ class TargetAttention(nn.Module):
         b, t, _ = x.shape
         h, hk = self.h, self.hk
         qkv = linear(self.qkv_proj, x, floors).view(b, t, h + 2 * hk, self.dh)
+        if self.q_norm is None:
+            y = fused_path_attend(qkv, rope, cache, layer, meta)
+            if y is not None:  # exact mode's decode / verify forward: RoPE, cache write and attention in 2 calls
+                return linear(self.o_proj, y.to(x.dtype).view(b, t, h * self.dh), floors)
         qk = qkv[:, :, : h + hk]
         if self.q_norm is not None:  # Qwen3: per-head RMSNorm of q and k before RoPE
             qk = torch.cat([rms_norm(qk[:, :, :h], self.q_norm), rms_norm(qk[:, :, h:], self.k_norm)], dim=2)

@@ -1,0 +1,67 @@
+"""The compiled decode-layer step (eyas/kernels/layer_ops.cpp): RoPE, cache write and q's conversion in one call.
+
+It replaces torch ops in exact mode's decode and verify forwards, so it must give their bits exactly: the
+rotated q, and the k and v it writes into the float32 cache, equal ``Rope.apply`` + ``KVCache.update``'s; a
+whole bf16 verify forward gives the same logits and cache with it and without it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eyas import kernels
+from eyas.decode import DecodeConfig, SpecDecoder
+from eyas.models import attention
+from eyas.models.native import Rope, rope_table
+from eyas.tree import make_tree
+
+OPS = kernels.layer_ops()
+pytestmark = pytest.mark.skipif(OPS is None, reason="no C++ toolchain for eyas/kernels/layer_ops.cpp")
+
+
+@pytest.mark.parametrize("h,hk,dh,n", [(9, 3, 64, 1), (9, 3, 64, 5), (4, 2, 16, 3), (16, 8, 128, 2)])
+def test_rope_cache_gives_torchs_bits(h, hk, dh, n):
+    g = torch.Generator().manual_seed(dh + n)
+    qkv = (torch.randn(1, n, h + 2 * hk, dh, generator=g) * 3).to(torch.bfloat16)
+    start = 37
+    positions = torch.arange(start, start + n)[None]
+    rope = Rope(rope_table(1.0 / 10000 ** (torch.arange(0, dh, 2).float() / dh), 100), positions, torch.bfloat16)
+    ref = rope.apply(qkv[:, :, : h + hk])  # [1, N, H + Hk, Dh]
+    kc, vc = torch.full((hk, 64, dh), 7.0), torch.full((hk, 64, dh), 7.0)
+    cos, sin = rope.rows
+    q = OPS.rope_cache(qkv[0], cos, sin, kc, vc, start, h)
+    assert q.dtype == torch.float32 and q.shape == (n, h, dh)
+    assert torch.equal(q, ref[0, :, :h].float())
+    assert torch.equal(kc[:, start : start + n], ref[0, :, h:].float().transpose(0, 1))
+    assert torch.equal(vc[:, start : start + n], qkv[0, :, h + hk :].float().transpose(0, 1))
+    assert bool((kc[:, :start] == 7).all() and (kc[:, start + n :] == 7).all())  # nothing else written
+    with pytest.raises(RuntimeError, match="past the cache"):
+        OPS.rope_cache(qkv[0], cos, sin, kc, vc, 64 - n + 1, h)
+
+
+def test_a_bf16_verify_forward_is_the_same_with_and_without_it(tiny, monkeypatch):
+    target = tiny.native("llama", seed=3, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=64).to(torch.bfloat16)
+    if target.path_kernel() is None:
+        pytest.skip("the compiled tree attention is unavailable here")
+    prompt = tiny.tokens(70, seed=2)[0]
+    parents = torch.tensor([-1, 0, 0, 1, 3])
+    calls = []
+
+    class Spy:  # the kernel, counting its calls
+        def rope_cache(self, *a):
+            calls.append(a[0].shape)
+            return OPS.rope_cache(*a)
+
+    runs = []
+    for fused in (True, False):
+        monkeypatch.setattr(attention, "_ops", Spy() if fused else False)
+        dec = SpecDecoder(target, None, DecodeConfig(max_new_tokens=8, exact=True))
+        seq = dec.prefill(prompt)
+        tree = make_tree(torch.cat([seq.history[-1:], tiny.tokens(4, seed=5)[0]]), parents)
+        out = dec.verify_forward(seq, tree)
+        runs.append((out.logits, seq.cache.k.clone(), seq.cache.v.clone()))
+    assert [c[0] for c in calls] == [5] * target.config.num_layers  # the fused run took it in every layer
+    for a, b in zip(runs[0], runs[1], strict=True):
+        assert torch.equal(a, b)
