@@ -39,7 +39,7 @@ from eyas.models.loading import LoadedTarget, cache_root
 from eyas.models.packed import packed_weights, skinny_gemm_ready
 from eyas.tree import make_tree
 from eyas.tree.sizing import AcceptanceProfile, DraftCost, TreeChoice, choose_tree
-from eyas.types import DraftOutput, SamplingParams
+from eyas.types import DraftOutput
 
 WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # verify widths measured (nodes, root included)
 CONTEXT = 160  # prompt tokens before the timed steps (a typical chat prompt)
