@@ -111,7 +111,8 @@ def fake_costs(tmp_path, monkeypatch):
     monkeypatch.delenv("EYAS_AUTO_TREE", raising=False)
     table = {1: 0.040, 2: 0.041, 4: 0.042, 8: 0.044, 16: 0.060, 32: 0.080}
     monkeypatch.setattr(autotree, "measure_step_costs", lambda model, exact: table)
-    monkeypatch.setattr(autotree, "measure_draft_cost", lambda head, model, exact, **kw: DraftCost(0.004, 0.003, 0.0002))
+    draft = DraftCost(0.004, 0.003, 0.0002)
+    monkeypatch.setattr(autotree, "measure_draft_cost", lambda head, model, exact, **kw: draft)
     return table
 
 
