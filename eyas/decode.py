@@ -207,7 +207,7 @@ class SpecDecoder:
         exact = self.cfg.exact and self.target.path_attention
         if exact:
             budget = max(budget, round_up(t, PREFILL_KV_BLOCK))
-        cache = cache if cache is not None else self.target.new_cache(1, budget)
+        cache = cache if cache is not None else self._new_cache(budget)
         mirror = self._new_mirror(cache, budget)
         if self.drafter is not None:
             self.drafter.start(budget)
@@ -229,6 +229,15 @@ class SpecDecoder:
         if self.drafter is not None:
             self.drafter.extend(torch.cat([prompt[s + 1 :], first]), _features(out, rows))
         yield SeqState(history=torch.cat([prompt, first]), cache=cache, cached=t, mirror=mirror)
+
+    def _new_cache(self, budget: int):
+        """The sequence's KV cache. Exact mode on the compiled path kernel: in ``decode_kv_dtype`` (bf16 for a bf16
+        model where the kernels read it: the same values as float32, half the bytes every decode step streams).
+        """
+        t = self.target
+        if self.cfg.exact and t.path_attention and t.path_kernel() is not None and hasattr(t, "decode_kv_dtype"):
+            return t.new_cache(1, budget, t.decode_kv_dtype())
+        return t.new_cache(1, budget)
 
     def _new_mirror(self, cache, budget: int):
         """Exact mode's per-row cache copies (PathAttention), when the target supports them and they fit."""

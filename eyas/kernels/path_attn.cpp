@@ -253,29 +253,16 @@ constexpr bool DECODE_BF16 = false;
 
 bool supports(int64_t group, int64_t head_dim) { return pick(group, head_dim) != nullptr; }
 
-// q [N, H, Dh] fp32; k, v [Hk, S, Dh] fp32 (one sequence's cache for one layer); path [N, P] int64 slots;
+// q [N, H, Dh] fp32; k, v [Hk, S, Dh] fp32, or bf16 in AVX-512 builds (one sequence's cache for one layer; a bf16
+// model's keys and values are bf16 values either way, so both give the same bits); path [N, P] int64 slots;
 // lengths [N] int64 (1 <= len <= P) -> out [N, H, Dh] fp32
-torch::Tensor path_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t start, torch::Tensor path,
-                             torch::Tensor lengths, double scale) {
-  TORCH_CHECK(q.dtype() == torch::kFloat32 && k.dtype() == torch::kFloat32 && v.dtype() == torch::kFloat32,
-              "path_attention: fp32 q, k, v");
-  TORCH_CHECK(q.is_contiguous() && k.stride(2) == 1 && v.stride(2) == 1, "path_attention: contiguous head dims");
-  TORCH_CHECK(path.dtype() == torch::kInt64 && lengths.dtype() == torch::kInt64, "path_attention: int64 slots");
-  const int64_t n = q.size(0), h = q.size(1), dh = q.size(2), hk = k.size(0), p = path.size(1);
+template <typename T>
+void path_run(const float* qp, const T* kp, const T* vp, const int64_t* pp, const int64_t* lp, float* op, int64_t n,
+              int64_t h, int64_t dh, int64_t hk, int64_t p, int64_t ks0, int64_t ks1, int64_t vs0, int64_t vs1,
+              int64_t start, float sc) {
   const int64_t group = h / hk;
-  const DecodeFn<float> fn = pick_decode<float>(group, dh);
+  const DecodeFn<T> fn = pick_decode<T>(group, dh);
   TORCH_CHECK(fn != nullptr, "path_attention: unsupported head_dim / group ", dh, " / ", group);
-  auto path_c = path.contiguous();
-  auto len_c = lengths.contiguous();
-  auto out = torch::empty_like(q);
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
-  const int64_t* pp = path_c.data_ptr<int64_t>();
-  const int64_t* lp = len_c.data_ptr<int64_t>();
-  float* op = out.data_ptr<float>();
-  const int64_t ks0 = k.stride(0), ks1 = k.stride(1), vs0 = v.stride(0), vs1 = v.stride(1);
-  const float sc = static_cast<float>(scale);
   // one task per (row, KV head); a task's arithmetic does not depend on how the tasks are split
   at::parallel_for(0, n * hk, 1, [&](int64_t lo, int64_t hi) {
     std::vector<float> w;
@@ -288,6 +275,30 @@ torch::Tensor path_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, 
          pp + r * p);
     }
   });
+}
+
+torch::Tensor path_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t start, torch::Tensor path,
+                             torch::Tensor lengths, double scale) {
+  const bool bf16 = k.dtype() == torch::kBFloat16;
+  TORCH_CHECK(q.dtype() == torch::kFloat32 && (k.dtype() == torch::kFloat32 || (bf16 && DECODE_BF16)) &&
+                  v.dtype() == k.dtype(),
+              "path_attention: fp32 q and an fp32 (or, with AVX-512, bf16) cache");
+  TORCH_CHECK(q.is_contiguous() && k.stride(2) == 1 && v.stride(2) == 1, "path_attention: contiguous head dims");
+  TORCH_CHECK(path.dtype() == torch::kInt64 && lengths.dtype() == torch::kInt64, "path_attention: int64 slots");
+  const int64_t n = q.size(0), h = q.size(1), dh = q.size(2), hk = k.size(0), p = path.size(1);
+  auto path_c = path.contiguous();
+  auto len_c = lengths.contiguous();
+  auto out = torch::empty_like(q);
+  const float sc = static_cast<float>(scale);
+  if (bf16)
+    path_run(q.data_ptr<float>(), reinterpret_cast<const uint16_t*>(k.data_ptr<at::BFloat16>()),
+             reinterpret_cast<const uint16_t*>(v.data_ptr<at::BFloat16>()), path_c.data_ptr<int64_t>(),
+             len_c.data_ptr<int64_t>(), out.data_ptr<float>(), n, h, dh, hk, p, k.stride(0), k.stride(1), v.stride(0),
+             v.stride(1), start, sc);
+  else
+    path_run(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), path_c.data_ptr<int64_t>(),
+             len_c.data_ptr<int64_t>(), out.data_ptr<float>(), n, h, dh, hk, p, k.stride(0), k.stride(1), v.stride(0),
+             v.stride(1), start, sc);
   return out;
 }
 

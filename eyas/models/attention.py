@@ -82,12 +82,12 @@ def fused_path_attend(qkv: torch.Tensor, rope, cache: KVCache, layer: int, meta:
     """Exact mode, one sequence, the compiled path kernel: qkv [1, N, H + 2 Hk, Dh] bf16 (the fused projection,
     before RoPE) -> [1, N, H, Dh] float32 through ``eyas/kernels/layer_ops.cpp`` (RoPE, cache write, q in
     float32: the bits of ``Rope.apply`` + ``path_attend``) and the path kernel. None where it does not serve
-    (fast mode, batches, no kernel, not bf16 on a CPU, a bf16 cache): the caller takes the op-by-op path.
+    (fast mode, batches, no kernel, not bf16 on a CPU): the caller takes the op-by-op path.
     """
     paths = meta.paths
     if paths is None or len(paths) != 1 or paths[0].kernel is None or qkv.dtype != torch.bfloat16:
         return None
-    if qkv.device.type != "cpu" or cache.k.dtype != torch.float32 or qkv.shape[1] != paths[0].order.shape[0]:
+    if qkv.device.type != "cpu" or qkv.shape[1] != paths[0].order.shape[0]:
         return None
     ops = _layer_ops()
     if ops is None:
@@ -124,7 +124,7 @@ def path_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCach
     hk = k.shape[2]
     if paths.kernel is not None:  # the tree's entries go to slots start .. start + N; nodes read the shared cache
         cache.update(layer, start, k.transpose(1, 2), v.transpose(1, 2), start + n)
-        y = paths.kernel.path_attention(q[0].to(cache.k.dtype).contiguous(), cache.k[layer, 0], cache.v[layer, 0],
+        y = paths.kernel.path_attention(q[0].float().contiguous(), cache.k[layer, 0], cache.v[layer, 0],
                                         start, paths.slots, paths.lengths, dh**-0.5)  # [N, H, Dh]
         return y.view(1, n, h, dh).to(q.dtype)
     if paths.mirror is None:  # a plain step: one row, the cache itself

@@ -65,3 +65,36 @@ def test_a_bf16_verify_forward_is_the_same_with_and_without_it(tiny, monkeypatch
     assert [c[0] for c in calls] == [5] * target.config.num_layers  # the fused run took it in every layer
     for a, b in zip(runs[0], runs[1], strict=True):
         assert torch.equal(a, b)
+
+
+def test_rope_cache_writes_a_bf16_cache_with_the_same_values():
+    g = torch.Generator().manual_seed(0)
+    h, hk, dh, n, start = 9, 3, 64, 3, 10
+    qkv = torch.randn(n, h + 2 * hk, dh, generator=g).to(torch.bfloat16)
+    cos, sin = torch.randn(n, dh, generator=g).to(torch.bfloat16), torch.randn(n, dh, generator=g).to(torch.bfloat16)
+    k32, v32 = torch.zeros(hk, 16, dh), torch.zeros(hk, 16, dh)
+    k16, v16 = k32.to(torch.bfloat16), v32.to(torch.bfloat16)
+    q32 = OPS.rope_cache(qkv, cos, sin, k32, v32, start, h)
+    assert torch.equal(q32, OPS.rope_cache(qkv, cos, sin, k16, v16, start, h))
+    assert torch.equal(k16.float(), k32) and torch.equal(v16.float(), v32)
+
+
+def test_exact_mode_on_a_bf16_cache_gives_the_float32_caches_bits(tiny, monkeypatch):
+    target = tiny.native("llama", seed=4, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=64).to(torch.bfloat16)
+    kernel = target.path_kernel()
+    if kernel is None or not kernel.decode_bf16():
+        pytest.skip("no compiled attention reading a bf16 cache here (AVX-512)")
+    prompt = tiny.tokens(90, seed=6)[0]
+    runs = []
+    for dtype in (torch.bfloat16, torch.float32):
+        monkeypatch.setattr(type(target), "decode_kv_dtype", lambda self, d=dtype: d)
+        dec = SpecDecoder(target, None, DecodeConfig(max_new_tokens=8, exact=True))
+        seq = dec.prefill(prompt)
+        assert seq.cache.k.dtype == dtype
+        tree = make_tree(torch.cat([seq.history[-1:], tiny.tokens(4, seed=7)[0]]), torch.tensor([-1, 0, 0, 1, 3]))
+        runs.append(dec.verify_forward(seq, tree).logits)
+        for _ in range(3):  # plain steps after a commit read what the tree wrote
+            dec.step(seq)
+        runs.append(seq.history.clone())
+    assert torch.equal(runs[0], runs[2]) and torch.equal(runs[1], runs[3])
