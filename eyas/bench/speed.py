@@ -250,7 +250,8 @@ def cmd_speed(a) -> int:
     settings = {k: v for k, v in vars(a).items() if k != "func"}
     settings.update(machine=platform.machine(), cpu=cpu_model(), threads=torch.get_num_threads(),
                     torch=torch.__version__, dtype_used=str(spec.target.model.dtype).removeprefix("torch."),
-                    exact=spec.exact, date=time.strftime("%Y-%m-%d"))
+                    exact=spec.exact, date=time.strftime("%Y-%m-%d"), tree_used=spec.drafter_spec.tree,
+                    tree_choice=spec.tree_choice.to_dict() if spec.tree_choice is not None else None)
     report = run_speed(spec, questions, params, a.compare_hf, a.warmup, settings, a.compare_llamacpp)
     print_report(report)
     if a.json_out:
