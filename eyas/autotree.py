@@ -79,7 +79,7 @@ def measure_step_costs(model, exact: bool, widths=WIDTHS, steps: int = 8) -> dic
 DRAFT_TREES = ((1, 1, 1), (1, 3, 3), (3, 3, 3))
 
 
-def measure_draft_cost(head: torch.nn.Module, model, exact: bool, hybrid: bool = False, steps: int = 16) -> DraftCost:
+def measure_draft_cost(head: torch.nn.Module, model, exact: bool, hybrid: bool = False, steps: int = 48) -> DraftCost:
     """Fit DraftCost to whole decoding steps with the real drafter, less a junk tree's step of the same width.
 
     A step's drafting is what the drafter adds to verification: extending the head over the accepted
@@ -148,7 +148,7 @@ def machine_costs(target: LoadedTarget, head_dir: Path, exact: bool, hybrid: boo
     """(step seconds by width, DraftCost) for this machine: from the cache, else measured and cached.
     ``hybrid``: the drafting measured is the hybrid drafter's (the head plus lookup and the merge).
     """
-    key = {**machine_key(target, head_dir, exact), "hybrid": hybrid, "draft_fit": "median-steps"}
+    key = {**machine_key(target, head_dir, exact), "hybrid": hybrid, "draft_fit": "median-48-steps"}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_root() / "tree_costs" / f"{digest}.json"
     if path.exists():
