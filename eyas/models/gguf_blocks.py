@@ -47,9 +47,9 @@ class GGUFBlocks:
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x: [..., K] bf16 -> [..., N] bf16."""
-        rows = x.reshape(-1, self.k)
-        out = _kernel().linear(rows, self.data, self.qtype, _EMPTY if bias is None else bias)
-        return out.view(*x.shape[:-1], self.data.shape[0])
+        kernel = _module or _kernel()
+        out = kernel.linear(x.reshape(-1, self.k), self.data, self.qtype, _EMPTY if bias is None else bias)
+        return out.view(*x.shape[:-1], out.shape[1])
 
 
 _EMPTY = torch.empty(0)
