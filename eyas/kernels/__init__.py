@@ -38,6 +38,25 @@ def _build_dir(source: Path, flags: list[str] = ()) -> Path:
     return cache_root() / "kernels" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+class Lazy:
+    """A kernel getter resolved once per process, then a plain read: hot paths ask for their kernel on every call
+    (121 projections a token), cheaper than the getters' environment and lock checks.
+
+        _kernel = Lazy(gguf_bf16, usable=lambda k: k.available())
+        k = _kernel()  # the module, or None where it is off, unavailable or cannot be built
+    """
+
+    def __init__(self, getter, usable=None) -> None:
+        self.getter, self.usable = getter, usable
+        self.value = None  # the module, False where there is none, None before the first look
+
+    def __call__(self):
+        if self.value is None:
+            mod = self.getter()
+            self.value = mod if mod is not None and (self.usable is None or self.usable(mod)) else False
+        return self.value or None
+
+
 def sources_digest() -> str:
     """sha256 (16 hex digits) of every kernel source: a cost table measured on other kernels is stale."""
     h = hashlib.sha256()

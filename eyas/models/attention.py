@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from eyas import kernels
 from eyas.kv.static import KVCache
 from eyas.models.base import PathAttention
 
@@ -101,16 +102,7 @@ def fused_path_attend(qkv: torch.Tensor, rope, cache: KVCache, layer: int, meta:
     return y.view(1, n, heads, dh)
 
 
-_ops = None  # eyas.kernels.layer_ops(), False where unavailable, None before the first look
-
-
-def _layer_ops():
-    global _ops
-    if _ops is None:
-        from eyas import kernels
-
-        _ops = kernels.layer_ops() or False
-    return _ops or None
+_layer_ops = kernels.Lazy(kernels.layer_ops)
 
 
 def path_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int,

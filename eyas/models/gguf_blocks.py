@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from eyas import kernels
+
 # fast mode: the most rows the block kernel takes (oneDNN's prepacked GEMM is as fast at 8 and faster past it)
 FAST_ROWS = 8
 _SUPPORTED = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}  # GGML type name -> id
@@ -47,23 +49,12 @@ class GGUFBlocks:
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x: [..., K] bf16 -> [..., N] bf16."""
-        kernel = _module or _kernel()
-        out = kernel.linear(x.reshape(-1, self.k), self.data, self.qtype, _EMPTY if bias is None else bias)
+        out = _kernel().linear(x.reshape(-1, self.k), self.data, self.qtype, _EMPTY if bias is None else bias)
         return out.view(*x.shape[:-1], out.shape[1])
 
 
 _EMPTY = torch.empty(0)
-_module = None  # the compiled kernel, False where unavailable, None before the first look
-
-
-def _kernel():
-    global _module
-    if _module is None:
-        from eyas import kernels
-
-        k = kernels.gguf_bf16()
-        _module = k if k is not None and k.available() else False
-    return _module or None
+_kernel = kernels.Lazy(kernels.gguf_bf16, usable=lambda k: k.available())  # None on a CPU without AVX512-BF16
 
 
 def blocks_of(mod: nn.Module, x: torch.Tensor) -> GGUFBlocks | None:

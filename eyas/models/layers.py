@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eyas import kernels
 from eyas.kv.static import KVCache
 from eyas.models.config import ModelConfig
 from eyas.models.packed import PackedLinear, skinny_kernel
@@ -49,16 +50,7 @@ def rms_norm(x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
 
 
 _NORM_DTYPES = (torch.bfloat16, torch.float32)
-_norm = None  # the compiled kernel, False where unavailable, None before the first look
-
-
-def _norm_kernel():
-    global _norm
-    if _norm is None:
-        from eyas import kernels  # here: eyas.kernels imports eyas.models.loading, which imports this module
-
-        _norm = kernels.rms_norm() or False
-    return _norm or None
+_norm_kernel = kernels.Lazy(kernels.rms_norm)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eyas import kernels
 from eyas.models.gguf_blocks import FAST_ROWS, blocks_of
 
 _lock = threading.Lock()
@@ -120,7 +121,7 @@ class PackedLinear(nn.Linear):
 
 
 _EMPTY = torch.empty(0)
-_skinny = None  # the compiled module, False where unavailable, None before the first look
+_skinny = kernels.Lazy(kernels.skinny_gemm)  # built (or found missing) once per process
 
 
 def skinny_rows(w: torch.Tensor) -> int:
@@ -138,12 +139,7 @@ def skinny_kernel(w: torch.Tensor, x: torch.Tensor):
         return None
     if torch.is_grad_enabled() and (w.requires_grad or x.requires_grad):
         return None
-    global _skinny
-    if _skinny is None:
-        from eyas import kernels  # here: eyas.kernels imports eyas.models.loading, which imports this module
-
-        _skinny = kernels.skinny_gemm() or False  # built (or found missing) once per process
-    return _skinny or None
+    return _skinny()
 
 
 def skinny_gemm_ready() -> bool:

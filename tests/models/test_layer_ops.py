@@ -56,7 +56,7 @@ def test_a_bf16_verify_forward_is_the_same_with_and_without_it(tiny, monkeypatch
 
     runs = []
     for fused in (True, False):
-        monkeypatch.setattr(attention, "_ops", Spy() if fused else False)
+        monkeypatch.setattr(attention, "_layer_ops", (lambda: Spy()) if fused else (lambda: None))
         dec = SpecDecoder(target, None, DecodeConfig(max_new_tokens=8, exact=True))
         seq = dec.prefill(prompt)
         tree = make_tree(torch.cat([seq.history[-1:], tiny.tokens(4, seed=5)[0]]), parents)
