@@ -1,11 +1,17 @@
 """Native CPU kernels, compiled on first use for this machine (``torch.utils.cpp_extension``).
 
-``path_attention()`` returns the compiled exact-mode tree attention (``path_attn.cpp``), ``skinny_gemm()``
-the few-row float32 projection (``skinny_gemm.cpp``), or None where they cannot be built (no C++ compiler
-or ninja, an unsupported platform) or ``EYAS_PATH_KERNEL=0`` / ``EYAS_SKINNY_GEMM=0`` turns them off;
-callers then keep the pure-PyTorch path. The build (about 30 s on 2 cores) happens once per CPU kind
-and torch version: its output lives under ``$EYAS_CACHE/kernels/<key>/`` and later loads take
-milliseconds. ``-march=native`` is part of the key, so a cache copied to another CPU is not reused.
+One getter per source, each returning the module or None where it cannot be built (no C++ compiler or ninja,
+an unsupported platform) or its switch turns it off; callers then keep the pure-PyTorch path:
+
+- ``path_attention()`` (``path_attn.cpp``, ``EYAS_PATH_KERNEL``): exact mode's tree attention and batched decode;
+- ``skinny_gemm()`` (``skinny_gemm.cpp``, ``EYAS_SKINNY_GEMM``): few-row float32 projections;
+- ``rms_norm()`` (``rms_norm.cpp``, ``EYAS_NORM_KERNEL``): one-pass RMSNorm;
+- ``gguf_bf16()`` (``gguf_bf16.cpp``, ``EYAS_GGUF_BLOCKS``): bf16 projections over GGUF blocks;
+- ``layer_ops()`` (``layer_ops.cpp``, ``EYAS_LAYER_OPS``): RoPE + KV-cache write of exact decode forwards.
+
+Hot paths hold a ``Lazy`` of their getter (resolved once per process). The build (about 30 s on 2 cores)
+happens once per CPU kind and torch version: its output lives under ``$EYAS_CACHE/kernels/<key>/`` and later
+loads take milliseconds. ``-march=native`` is part of the key, so a cache copied to another CPU is not reused.
 """
 
 from __future__ import annotations
