@@ -107,7 +107,7 @@ def measure_draft_cost(head: torch.nn.Module, model, exact: bool, hybrid: bool =
 
 
 def _step_times(dec: SpecDecoder, prompt: torch.Tensor) -> list[float]:
-    """Seconds of each decoding step after the first two (warm-up)."""
+    """Seconds of each decoding step but the first (warm-up); prefill is not a step."""
     times, last = [], None
     for _ in dec.generate(prompt):
         now = time.perf_counter()

@@ -121,14 +121,14 @@ def quantize_head_(head: nn.Module) -> int:
     Returns the number of projections; 0 where the kernel is unavailable, the head is not bf16 on a CPU,
     or ``EYAS_HEAD_Q8=0``.
     """
-    if os.environ.get("EYAS_HEAD_Q8", "1") == "0":
+    kernel = _kernel() if os.environ.get("EYAS_HEAD_Q8", "1") != "0" else None
+    if kernel is None:
         return 0
-    kernel = _kernel()
     count = 0
     for mod in head.modules():
-        w = getattr(mod, "weight", None)
-        if kernel is None or not isinstance(mod, nn.Linear) or "_eyas_blocks" in mod.__dict__:
+        if not isinstance(mod, nn.Linear) or "_eyas_blocks" in mod.__dict__:
             continue
+        w = mod.weight
         if w.dtype != torch.bfloat16 or w.device.type != "cpu" or w.shape[1] % 32:
             continue
         data = quantize_q8_0(w)

@@ -113,13 +113,18 @@ def tree_from_lists(tokens: list[int], parents: list[int], device: torch.device 
     for i, p in enumerate(parents):
         anc[i] = (anc[p] if p >= 0 else 0) | (1 << i)
         depth[i] = depth[p] + 1 if p >= 0 else 0
-    mask = torch.tensor([[(a >> j) & 1 == 1 for j in range(n)] for a in anc], dtype=torch.bool, device=device)
     return Tree(
         tokens=torch.tensor(tokens, dtype=torch.long, device=device),
         parents=torch.tensor(parents, dtype=torch.long, device=device),
         depth=torch.tensor(depth, dtype=torch.long, device=device),
-        mask=mask.reshape(n, n),
+        mask=bit_mask(anc, range(n), device),
     )
+
+
+def bit_mask(rows: list[int], cols, device: torch.device | str | None = None) -> torch.Tensor:
+    """[len(rows), len(cols)] bool: entry (r, c) = bit ``cols[c]`` of the bit set ``rows[r]``."""
+    return torch.tensor([[(bits >> c) & 1 == 1 for c in cols] for bits in rows], dtype=torch.bool,
+                        device=device).reshape(len(rows), len(cols))
 
 
 def chain_tree(tokens: torch.Tensor) -> Tree:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from eyas.tree.build import tree_from_lists
+from eyas.tree.build import bit_mask, tree_from_lists
 from eyas.types import PAD_ID, Tree
 
 
@@ -113,7 +113,6 @@ class DynamicTreeBuilder:
         self.config = config
         self.device = torch.device(device)
         self._slots = 1 + config.max_candidates
-        self.num_candidates = 0
         self._reset()
 
     def _reset(self) -> None:
@@ -125,6 +124,11 @@ class DynamicTreeBuilder:
         self._anc: list[int] = []
         self._frontiers: list[list[int]] = []
         self._fed: list[int] = []  # slots of all frontiers so far, in feeding order
+
+    @property
+    def num_candidates(self) -> int:
+        """Slots filled so far, the root included."""
+        return len(self._tok)
 
     def _padded(self, values: list, pad, dtype) -> torch.Tensor:
         return torch.tensor(values + [pad] * (self._slots - len(values)), dtype=dtype, device=self.device)
@@ -153,10 +157,9 @@ class DynamicTreeBuilder:
         """[F, M] bool ancestor-or-self rows of the candidate slots ``indices`` [F]."""
         return self._mask(indices.tolist(), range(self._slots))
 
-    def _mask(self, rows: list[int], cols) -> torch.Tensor:
-        anc = self._anc
-        return torch.tensor([[(anc[r] >> c) & 1 == 1 for c in cols] for r in rows], dtype=torch.bool,
-                            device=self.device).reshape(len(rows), len(cols))
+    def _mask(self, slots: list[int], cols) -> torch.Tensor:
+        """[len(slots), len(cols)] bool ancestor-or-self rows of ``slots`` over the slots ``cols``."""
+        return bit_mask([self._anc[i] for i in slots], cols, self.device)
 
     def start(self, root_token: torch.Tensor | int, logp: torch.Tensor, tokens: torch.Tensor) -> Frontier:
         """Reset, and add the root's top-k children (the first frontier).
@@ -179,7 +182,6 @@ class DynamicTreeBuilder:
         self._key.append(float("inf"))  # so min(score, parent key) = score at depth 1
         self._depth.append(0)
         self._anc.append(1)
-        self.num_candidates = 1
         slots = self._add([0] * k, logp.tolist(), tokens.tolist())
         return self._set_frontier(slots, [0] * k)
 
@@ -246,7 +248,6 @@ class DynamicTreeBuilder:
             self._key.append(min(score, self._key[p]))
             self._depth.append(self._depth[p] + 1)
             self._anc.append(self._anc[p] | (1 << slot))
-        self.num_candidates = len(self._tok)
         return list(range(start, self.num_candidates))
 
     def _set_frontier(self, slots: list[int], parent_rows: list[int]) -> Frontier:
