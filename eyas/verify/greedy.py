@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
+from eyas import kernels
 from eyas.types import Tree, VerifyOutput
-from eyas.verify.paths import check_rows, deepest_passing_path
+from eyas.verify.paths import check_rows
 
 
 def verify_greedy(
@@ -38,9 +39,45 @@ def verify_greedy(
     """
     check_rows(tree, logits, "logits")
     # [N] greedy token after each node
-    target = logits.argmax(dim=-1)
-    # [N] node i's token is the target's choice after its parent (root: ignored)
-    matches = tree.tokens == target[tree.parents.clamp_min(0)]
-    path = deepest_passing_path(tree, matches)
-    tokens = torch.cat([tree.tokens[path[1:]], target[path[-1:]]])
-    return VerifyOutput(path=path, tokens=tokens)
+    target = greedy_tokens(logits)
+    # one host transfer, then a walk over the N nodes in Python: a draft tree has a handful of nodes, and each
+    # torch op on a tensor of four elements costs more (microseconds of dispatch, cold right after the target
+    # forward) than the whole walk; the rule is ``deepest_passing_path``'s
+    toks, parents, greedy = torch.stack([tree.tokens, tree.parents, target]).tolist()
+    path = deepest_accepted(toks, parents, greedy)
+    emitted = [toks[i] for i in path[1:]] + [greedy[path[-1]]]
+    dev = logits.device
+    return VerifyOutput(path=torch.tensor(path, device=dev), tokens=torch.tensor(emitted, device=dev))
+
+
+def deepest_accepted(tokens: list[int], parents: list[int], greedy: list[int]) -> list[int]:
+    """Node indices from the root to the deepest node whose path matches the target's greedy tokens
+    (``greedy[i]``: the target's choice after node i); ties go to the lowest node index.
+
+    Example: tokens [9, 1, 2, 3, 5], parents [-1, 0, 0, 1, 2], greedy [2, 3, 5, 0, 6] -> [0, 2, 4].
+    """
+    depth = [0] * len(tokens)  # depth of an accepted node, -1 for a rejected one
+    best = 0
+    for i in range(1, len(tokens)):
+        p = parents[i]
+        depth[i] = depth[p] + 1 if depth[p] >= 0 and tokens[i] == greedy[p] else -1
+        if depth[i] > depth[best]:
+            best = i
+    path = [best]
+    while path[-1] != 0:
+        path.append(parents[path[-1]])
+    return path[::-1]
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """[N, V] -> [N] long: ``logits.argmax(-1)``, on a CPU through the compiled one-pass kernel (the same indices:
+    first maximum, NaN first; eyas/kernels/layer_ops.cpp), elsewhere torch's.
+    """
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.ndim == 2 and logits.stride(-1) == 1:
+        ops = _ops()
+        if ops is not None:
+            return ops.argmax_rows(logits)
+    return logits.argmax(dim=-1)
+
+
+_ops = kernels.Lazy(kernels.layer_ops, usable=lambda k: hasattr(k, "argmax_rows"))

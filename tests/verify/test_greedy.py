@@ -10,6 +10,8 @@ import torch
 from eyas.tree import make_tree
 from eyas.types import Tree
 from eyas.verify import verify_greedy
+from eyas.verify.greedy import deepest_accepted, greedy_tokens
+from eyas.verify.paths import deepest_passing_path
 
 V = 10
 
@@ -119,3 +121,33 @@ def test_matches_a_reference_walk_on_random_trees() -> None:
         out = verify_greedy(tree_of(tokens, parents), logits_with_argmax(argmax, vocab=3))
         assert out.path.tolist() == path
         assert out.tokens.tolist() == [tokens[i] for i in path[1:]] + [argmax[path[-1]]]
+
+
+def test_host_walk_equals_the_vectorised_rule_with_duplicate_siblings() -> None:
+    """``deepest_accepted`` (the list walk verify_greedy runs) = ``deepest_passing_path`` (the tensor rule the
+    typical verifier keeps), duplicate siblings and ties included."""
+    rng = random.Random(1)
+    for _ in range(300):
+        n = rng.randrange(1, 12)
+        parents = [-1] + [rng.randrange(i) for i in range(1, n)]
+        tokens = [rng.randrange(2) for _ in range(n)]  # two tokens: many duplicate siblings
+        argmax = [rng.randrange(2) for _ in range(n)]
+        tree = tree_of(tokens, parents)
+        passed = tree.tokens == torch.tensor(argmax)[tree.parents.clamp_min(0)]
+        assert deepest_accepted(tokens, parents, argmax) == deepest_passing_path(tree, passed).tolist()
+
+
+def test_greedy_tokens_equal_torch_argmax_ties_nan_and_inf() -> None:
+    g = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        x = torch.randn(1 + trial % 5, 1 + trial * 7 % 300, generator=g)
+        if trial % 3 == 0:
+            x = torch.round(x)  # ties: the first maximum wins
+        if trial % 7 == 0:
+            x[-1, trial % x.shape[1]] = float("nan")  # NaN counts as the maximum
+        if trial % 11 == 0:
+            x[0] = float("-inf")
+        assert torch.equal(greedy_tokens(x), x.argmax(-1))
+    wide = torch.randn(4, 49152, generator=g)
+    assert torch.equal(greedy_tokens(wide), wide.argmax(-1))
+    assert torch.equal(greedy_tokens(wide[:, ::2]), wide[:, ::2].argmax(-1))  # strided rows: torch's path
