@@ -122,6 +122,7 @@ inline float reduce16(__m512 v) {  // fixed tree: (l, l+8), (l, l+4), (l, l+2), 
 constexpr int NB = 4;      // weight rows per group
 constexpr int MR = 4;      // input rows per register block
 constexpr int MAX_M = 64;  // input rows per pass over a group's dequantised weights
+constexpr int PF_GROUPS = 4;  // software prefetch distance, in groups
 
 // rows x[0 .. mr) against NR weights given as bf16 vectors per block (w[j] + 32 * b); out[i * ldo + j] (float)
 template <int MRr, int NR>
@@ -216,6 +217,10 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor blocks, int64_t qtype, torch
     float acc[MAX_M * NB];
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t j0 = g * NB, nr = std::min<int64_t>(NB, n - j0);
+      if (g + PF_GROUPS < g1) {  // the group PF_GROUPS ahead, while this one computes: memory and math overlap
+        const uint8_t* p = wd + (j0 + PF_GROUPS * NB) * row_bytes;
+        for (int64_t o = 0; o < NB * row_bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
+      }
       const uint8_t* ws[NB];
       for (int64_t j = 0; j < nr; ++j) ws[j] = wd + (j0 + j) * row_bytes;
       for (int64_t i0 = 0; i0 < m; i0 += MAX_M) {  // rows in chunks: each row's sums are the same in any chunk
