@@ -431,7 +431,7 @@ def test_embedded_default_speculative_equals_plain(real, name, tree):
 
 # ---- exact mode in bfloat16: what it exists for -----------------------------------------------------
 @pytest.mark.parametrize("drafter_name", ("ngram_b3", "eagle|dynamic:4,4,12", "eagle|static:eagle_small",
-                                          "draft_lm_self"))
+                                          "eagle3|dynamic:4,4,12", "hybrid|dynamic:4,4,12", "draft_lm_self"))
 @pytest.mark.parametrize("plen", (7, 30))
 def test_exact_mode_bf16_speculative_equals_exact_plain(tiny, kind, drafter_name, plen):
     """In bf16 a token's logits depend on the forward's width; exact mode pads plain and speculative

@@ -20,11 +20,13 @@ from torch import nn
 
 from eyas.drafters.base import Drafter, TargetFeatures, register_drafter
 from eyas.drafters.expansion import Feed, make_expansion
+from eyas.tree import Frontier
 from eyas.formats import read_weights, weight_keys
 from eyas.kv.static import KVCache
 from eyas.models.base import causal_mask
 from eyas.models.config import ModelConfig
-from eyas.models.gguf_blocks import quantize_head_
+from eyas.drafters.head_kernels import HeadPaths, fuse_head_blocks_
+from eyas.models.gguf_blocks import FAST_ROWS, quantize_head_
 from eyas.models.layers import RopeTable
 from eyas.models.native import DecoderLayer
 from eyas.models.packed import pack_linears_
@@ -124,6 +126,8 @@ class EagleDrafter(Drafter):
         self.head = head.to(head_compute_dtype(self.target))
         pack_linears_(self.head)  # bf16 on a CPU: prepacked oneDNN weights (eyas.models.packed), same bits
         quantize_head_(self.head)  # bf16 on a CPU with AVX512-BF16: Q8_0 weights, half the bytes a step
+        fuse_head_blocks_(self.head)  # and q|k|v, gate|up as one block matrix each (eyas.drafters.head_kernels)
+        self.fast = bool(getattr(self.head, "fast_ready", lambda: False)())
         self.expansion = make_expansion(tree)
         self.max_nodes = self.expansion.max_nodes
 
@@ -153,16 +157,29 @@ class EagleDrafter(Drafter):
     def extend(self, tokens: torch.Tensor, feats: TargetFeatures) -> None:
         s = self.state
         m = tokens.shape[0]
-        pos = torch.arange(s.n, s.n + m, device=tokens.device)[None]
-        h = self.head(self._embed(tokens[None]), self._feature_in(feats)[None], pos, s.cache, s.n, None)[0]
+        pos = torch.arange(s.n, s.n + m, device=tokens.device)
+        if self.fast and m <= FAST_ROWS:  # a step's accepted tokens (prompts take the batched torch path)
+            h = self.head.fast_forward(self._embed(tokens), self._feature_in(feats), pos, s.cache, s.n,
+                                       HeadPaths.causal(s.n, m))
+        else:
+            h = self.head(self._embed(tokens[None]), self._feature_in(feats)[None], pos[None], s.cache, s.n, None)[0]
         s.n += m
         s.root_hidden = h[-1]
         s.root_logp = self._logp(h[-1])
 
     @torch.inference_mode()
     def propose(self, history: torch.Tensor, sampling: SamplingParams, generator=None) -> DraftOutput:
+        self.draft_candidates(history)
+        tree, dev = self.expansion.finish(), history.device
+        if tree.tokens.device != dev:
+            tree = Tree(*(getattr(tree, f).to(dev) for f in ("tokens", "parents", "depth", "mask")))
+        return DraftOutput(tree=tree)
+
+    @torch.inference_mode()
+    def draft_candidates(self, history: torch.Tensor) -> None:
+        """Grow this step's candidates level by level into the expansion's books (``propose`` keeps the best of
+        them as the tree; the hybrid drafter merges the books with lookup's chains instead)."""
         s = self.state
-        dev = history.device
         feed = self.expansion.start(history[-1].cpu(), s.root_logp)
         parent_h = s.root_hidden[None]  # [1, D]
         fed = 0
@@ -171,13 +188,16 @@ class EagleDrafter(Drafter):
             fed += feed.tokens.shape[0]
             parent_h = h
             feed = self.expansion.grow(self._logp(h))
-        tree = self.expansion.finish()
-        return DraftOutput(tree=Tree(*(getattr(tree, f).to(dev) for f in ("tokens", "parents", "depth", "mask"))))
 
-    def _run_feed(self, feed: Feed, parent_h: torch.Tensor, fed: int) -> torch.Tensor:
+    def _run_feed(self, feed: Feed | Frontier, parent_h: torch.Tensor, fed: int) -> torch.Tensor:
         """Run the head on one tree level; returns its outputs [F, D]."""
         s = self.state
         f, dev = feed.tokens.shape[0], parent_h.device
+        if self.fast and f <= FAST_ROWS:
+            pos = torch.full((f,), s.n - 1 + feed.depth, device=dev)
+            paths = HeadPaths.from_visibility(s.n, feed.visible)
+            feats = parent_h[feed.parent_rows.to(dev)]
+            return self.head.fast_forward(self._embed(feed.tokens.to(dev)), feats, pos, s.cache, s.n + fed, paths)
         mask = torch.cat([torch.ones(f, s.n, dtype=torch.bool, device=dev), feed.mask.to(dev)], dim=1)
         pos = torch.full((1, f), s.n - 1 + feed.depth, device=dev)
         feats = parent_h[feed.parent_rows.to(dev)][None]

@@ -23,9 +23,10 @@ from torch import nn
 
 from eyas.drafters.base import TargetFeatures, register_drafter
 from eyas.drafters.eagle import EagleDrafter
+from eyas.drafters.head_kernels import HeadPaths, fast_layer, fast_layer_ready
 from eyas.models.base import causal_mask
 from eyas.models.config import ModelConfig
-from eyas.models.layers import RopeTable
+from eyas.models.layers import RopeTable, rms_norm
 from eyas.models.native import MLP, Attention, RMSNorm, vocab_logits
 
 
@@ -96,6 +97,14 @@ class Eagle3Layer(nn.Module):
         a = self.self_attn(self.attn_input(emb, hid), rope, cache, 0, start, mask, kv_len)
         return self.finish(hid, a)
 
+    def fast(self, emb, hid, rope_rows, cache, write_start: int, paths: HeadPaths) -> torch.Tensor:
+        """``forward`` for a few bf16 rows on the compiled kernels (eyas.drafters.head_kernels): emb, hid [T, H]."""
+        normed = rms_norm(hid, self.hidden_norm)
+        attn_in = torch.cat([rms_norm(emb, self.input_layernorm), normed], dim=-1)
+        residual = normed if self.norm_before_residual else hid
+        return fast_layer(self.self_attn, self.mlp, self.post_attention_layernorm, attn_in, residual, rope_rows,
+                          cache, write_start, paths)
+
 
 class Eagle3Head(nn.Module):
     # EAGLE-3 heads ship no embedding: the drafter embeds with the target's (EagleDrafter._embed)
@@ -138,6 +147,15 @@ class Eagle3Head(nn.Module):
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """[..., H] pre-norm outputs -> [..., Vd] draft-vocabulary logits."""
         return vocab_logits(self.lm_head, self.norm(out))
+
+    def fast_ready(self) -> bool:
+        """Whether ``fast_forward`` serves (fused Q8_0 blocks and the compiled kernels: a bf16 head on a CPU)."""
+        return fast_layer_ready(self.midlayer.self_attn, self.midlayer.mlp)
+
+    def fast_forward(self, emb, hid, positions, cache, write_start: int, paths: HeadPaths) -> torch.Tensor:
+        """emb, hid: [T, H]; positions [T]; rows attend as ``paths`` says -> [T, H] pre-norm (``forward``'s)."""
+        rope = self.rope_table.rows(positions, emb.dtype, cache.max_slots)
+        return self.midlayer.fast(emb, hid.to(emb.dtype), rope, cache, write_start, paths)
 
     def forward(self, emb, hid, positions, cache, start: int, mask) -> torch.Tensor:
         """emb, hid: [B, T, H]; positions [B, T]; mask [B, T, S] bool or None -> [B, T, H] pre-norm."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from eyas.tree import DynamicTreeBuilder, DynamicTreeConfig, StaticTree
+from eyas.tree import DynamicTreeBuilder, DynamicTreeConfig, Frontier, StaticTree
 from eyas.types import Tree
 
 
@@ -30,6 +30,11 @@ class Feed:
     # [F, fed + F] bool, visibility over all nodes fed so far (this feed last)
     mask: torch.Tensor
     depth: int
+
+    @property
+    def visible(self) -> list[list[bool]]:
+        """``mask`` as lists (what the compiled head layer reads: eyas.drafters.head_kernels.HeadPaths)."""
+        return self.mask.tolist()
 
 
 class StaticExpansion:
@@ -95,16 +100,15 @@ class DynamicExpansion:
     def _ids(self, idx: torch.Tensor) -> torch.Tensor:
         return (idx if self.id_map is None else self.id_map[idx]).cpu()
 
-    def _feed(self, f) -> Feed | None:
-        if f.depth >= self.cfg.depth:
-            return None
-        return Feed(tokens=f.tokens, parent_rows=f.parent_rows, mask=f.mask, depth=f.depth)
+    def _feed(self, f: Frontier) -> Frontier | None:
+        """The frontier is the feed (it has Feed's fields, each tensor made on first use); None past the last level."""
+        return None if f.depth >= self.cfg.depth else f
 
-    def start(self, root: torch.Tensor, logp: torch.Tensor) -> Feed | None:
+    def start(self, root: torch.Tensor, logp: torch.Tensor) -> Frontier | None:
         top = logp.topk(self.cfg.top_k)  # host sync below: tree books live on CPU
         return self._feed(self.builder.start(root, top.values.cpu(), self._ids(top.indices)))
 
-    def grow(self, logp: torch.Tensor) -> Feed | None:
+    def grow(self, logp: torch.Tensor) -> Frontier | None:
         top = logp.topk(self.cfg.top_k, dim=-1)
         return self._feed(self.builder.expand(top.values.cpu(), self._ids(top.indices)))
 

@@ -76,7 +76,8 @@ class HybridDrafter(Drafter):
     def __init__(self, target=None, tree: str | None = None, head: str | Path | None = None,
                  head_drafter: Drafter | None = None, cfg: HybridConfig | None = None, **options) -> None:
         self.head = head_drafter if head_drafter is not None else load_head(target, head, tree)
-        if not isinstance(getattr(self.head, "expansion", None), DynamicExpansion):
+        if not isinstance(getattr(self.head, "expansion", None), DynamicExpansion) or not hasattr(
+                self.head, "draft_candidates"):
             raise ValueError("the hybrid drafter ranks a head's dynamic tree: use --tree dynamic:TOP_K,DEPTH,TOTAL")
         self.cfg = cfg or HybridConfig(**options)
         self.taps = self.head.taps
@@ -95,11 +96,13 @@ class HybridDrafter(Drafter):
         return twin
 
     def propose(self, history: torch.Tensor, sampling: SamplingParams, generator=None) -> DraftOutput:
-        self.head.propose(history, sampling, generator)  # fills the head's candidate books
+        self.head.draft_candidates(history)  # fills the head's candidate books
         base = Candidates(*self.head.expansion.builder.candidates())  # the head's books, every scored node
         self.last = merge_candidates(base, lookup_chains(history.cpu(), self.cfg), self.max_nodes)
         t, dev = self.last.tree, history.device
-        return DraftOutput(tree=Tree(t.tokens.to(dev), t.parents.to(dev), t.depth.to(dev), t.mask.to(dev)))
+        if t.tokens.device != dev:
+            t = Tree(t.tokens.to(dev), t.parents.to(dev), t.depth.to(dev), t.mask.to(dev))
+        return DraftOutput(tree=t)
 
 
 def load_head(target, head: str | Path | None, tree: str | None) -> Drafter:

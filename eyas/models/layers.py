@@ -75,14 +75,27 @@ class RopeTable:
     def __init__(self, inv_freq: torch.Tensor) -> None:
         self.inv_freq = inv_freq
         self.cos = self.sin = torch.empty(0, 2 * inv_freq.shape[0])
+        self._signed = self.sin  # sin with its first half negated (``rows``)
+
+    def _grow(self, slots: int, device: torch.device) -> None:
+        if self.cos.shape[0] < slots or self.cos.device != device:
+            n = max(slots, 2 * self.cos.shape[0])
+            cos, sin = rope_tables(self.inv_freq, torch.arange(n, device=device)[None], torch.float32)
+            self.cos, self.sin = cos[0, 0], sin[0, 0]
+            half = self.sin.shape[-1] // 2
+            self._signed = torch.cat([-self.sin[:, :half], self.sin[:, half:]], dim=-1)
 
     def __call__(self, positions: torch.Tensor, dtype: torch.dtype, slots: int):
         """positions [B, T], all < slots -> cos, sin [B, 1, T, Dh] in ``dtype``."""
-        if self.cos.shape[0] < slots or self.cos.device != positions.device:
-            n = max(slots, 2 * self.cos.shape[0])
-            cos, sin = rope_tables(self.inv_freq, torch.arange(n, device=positions.device)[None], torch.float32)
-            self.cos, self.sin = cos[0, 0], sin[0, 0]
+        self._grow(slots, positions.device)
         return self.cos[positions][:, None].to(dtype), self.sin[positions][:, None].to(dtype)
+
+    def rows(self, positions: torch.Tensor, dtype: torch.dtype, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T], all < slots -> (cos, signed sin) [T, Dh] in ``dtype``, contiguous: the layout of the
+        compiled RoPE (eyas/kernels/layer_ops.cpp; the signed sin carries rotate_half's minus on its first half).
+        """
+        self._grow(slots, positions.device)
+        return self.cos[positions].to(dtype), self._signed[positions].to(dtype)
 
 
 def vocab_logits(proj: nn.Linear, x: torch.Tensor) -> torch.Tensor:

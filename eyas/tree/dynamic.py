@@ -33,6 +33,7 @@ valid tree.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -67,22 +68,42 @@ class DynamicTreeConfig:
         return self.top_k + (self.depth - 1) * self.top_k**2
 
 
-@dataclass
 class Frontier:
-    """The nodes the drafter feeds next (F = top_k of them, all at one depth)."""
+    """The nodes the drafter feeds next (F = top_k of them, all at one depth).
 
-    # [F] long, candidate slot of each frontier node
-    indices: torch.Tensor
-    # [F] long, token of each frontier node
-    tokens: torch.Tensor
-    # [F] long, row of the previous feed whose output is each node's parent
-    # (0 at depth 1: the root's logits); pick the parents' hidden states with it
-    parent_rows: torch.Tensor
-    # [F, F * d] bool, node f may attend to entry j of all frontiers fed so far,
-    # this one included, concatenated in feeding order (= its ancestors and itself)
-    mask: torch.Tensor
-    # depth of every frontier node (d)
-    depth: int
+    Built from the builder's lists; each tensor is made on first use (the frontier past the last feed is
+    never fed, and a drafter reads only what its attention needs).
+    """
+
+    def __init__(self, slots: list[int], tokens: list[int], parent_rows: list[int], visible: list[list[bool]],
+                 depth: int, device: torch.device) -> None:
+        self.slots, self.token_list, self.parent_row_list = slots, tokens, parent_rows
+        # visible[f][j]: node f may attend entry j of all frontiers fed so far, this one included,
+        # concatenated in feeding order (= its ancestors and itself)
+        self.visible = visible
+        self.depth = depth  # depth of every frontier node (d)
+        self.device = device
+
+    @functools.cached_property
+    def indices(self) -> torch.Tensor:
+        """[F] long, candidate slot of each frontier node."""
+        return torch.tensor(self.slots, dtype=torch.long, device=self.device)
+
+    @functools.cached_property
+    def tokens(self) -> torch.Tensor:
+        """[F] long, token of each frontier node."""
+        return torch.tensor(self.token_list, dtype=torch.long, device=self.device)
+
+    @functools.cached_property
+    def parent_rows(self) -> torch.Tensor:
+        """[F] long, row of the previous feed whose output is each node's parent (0 at depth 1: the root's
+        logits); pick the parents' hidden states with it."""
+        return torch.tensor(self.parent_row_list, dtype=torch.long, device=self.device)
+
+    @functools.cached_property
+    def mask(self) -> torch.Tensor:
+        """[F, F * d] bool, ``visible`` as a tensor."""
+        return torch.tensor(self.visible, dtype=torch.bool, device=self.device).reshape(len(self.slots), -1)
 
 
 @dataclass
@@ -253,11 +274,7 @@ class DynamicTreeBuilder:
     def _set_frontier(self, slots: list[int], parent_rows: list[int]) -> Frontier:
         self._frontiers.append(slots)
         self._fed += slots
-        dev = self.device
-        return Frontier(
-            indices=torch.tensor(slots, dtype=torch.long, device=dev),
-            tokens=torch.tensor([self._tok[i] for i in slots], dtype=torch.long, device=dev),
-            parent_rows=torch.tensor(parent_rows, dtype=torch.long, device=dev),
-            mask=self._mask(slots, self._fed),
-            depth=len(self._frontiers),
-        )
+        fed = self._fed
+        visible = [[(self._anc[i] >> j) & 1 == 1 for j in fed] for i in slots]
+        return Frontier(slots, [self._tok[i] for i in slots], parent_rows, visible, len(self._frontiers),
+                        self.device)
