@@ -111,7 +111,7 @@ def path_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCach
 
     ``cache`` is the sequence's own (1-row) cache.
     """
-    start, kv_len = paths.start, paths.masks.shape[-1]
+    start, kv_len = paths.start, paths.kv_len
     n, h, dh = q.shape[1], q.shape[2], q.shape[3]
     hk = k.shape[2]
     if paths.kernel is not None:  # the tree's entries go to slots start .. start + N; nodes read the shared cache

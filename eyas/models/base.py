@@ -48,10 +48,10 @@ class PathAttention:
     order: torch.Tensor
     # [N] long: path lengths
     lengths: torch.Tensor
-    # [N, 1, 1, S] bool: row r attends slots < start + len(path r)
-    masks: torch.Tensor
     # committed slots before the tree
     start: int
+    # keys every row's attention spans (S, a multiple of KV_BLOCK): ``masks``' width
+    kv_len: int
     # a KV cache with W >= N rows, prefix kept equal to the real cache's (see SpecDecoder);
     # None for a one-node tree (a plain step): the sequence's own cache row is its mirror; and with ``kernel``
     mirror: object | None
@@ -70,11 +70,16 @@ class PathAttention:
         rows = n if kernel is not None else 1 if mirror is None else int(mirror.k.shape[1])
         if rows < n:
             raise ValueError(f"path attention: {n} tree nodes but a mirror of {rows} rows")
+        if kernel is not None and dev.type == "cpu":  # a handful of nodes: on host lists, three tensors out
+            anc = tree_mask.tolist()
+            order = [[j for j in range(n) if row[j]] + [j for j in range(n) if not row[j]] for row in anc]
+            pa = cls(order=torch.tensor(order), lengths=torch.tensor([sum(row) for row in anc]), start=start,
+                     kv_len=kv_len, mirror=mirror, kernel=kernel)
+            pa.__dict__["slots"] = torch.tensor([[start + j for j in row] for row in order])  # the cached property
+            return pa
         cols = torch.arange(n, device=dev).expand(n, n)
         order = torch.where(tree_mask, cols, cols + n).argsort(dim=1)  # path nodes first, ascending
-        lengths = tree_mask.sum(1)
-        masks = torch.arange(kv_len, device=dev)[None] < (start + lengths)[:, None]  # [N, S]
-        return cls(order=order, lengths=lengths, masks=masks[:, None, None], start=start, mirror=mirror, kernel=kernel)
+        return cls(order=order, lengths=tree_mask.sum(1), start=start, kv_len=kv_len, mirror=mirror, kernel=kernel)
 
     # derived once per forward (every layer reads them)
     @functools.cached_property
@@ -86,6 +91,12 @@ class PathAttention:
     def slots(self) -> torch.Tensor:
         """[N, N] long: row r's path as cache slots (the tree's entries sit at start + node index)."""
         return self.order + self.start
+
+    @functools.cached_property
+    def masks(self) -> torch.Tensor:
+        """[N, 1, 1, S] bool: row r attends slots < start + len(path r)."""
+        pos = torch.arange(self.kv_len, device=self.lengths.device)
+        return (pos[None] < (self.start + self.lengths)[:, None])[:, None, None]
 
     @functools.cached_property
     def hidden(self) -> torch.Tensor:

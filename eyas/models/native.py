@@ -295,11 +295,11 @@ class NativeLlama(nn.Module, TargetModel):
                 raise ValueError(f"path attention (exact mode) needs one PathAttention per batch row: {len(paths)} "
                                  f"for a batch of {b}")
             for b, pa in enumerate(paths):
-                s = pa.masks.shape[-1]
+                s = pa.kv_len
                 if s % KV_BLOCK or s > cache.rows(b, b + 1).max_slots or pa.order.shape[0] > t:
                     raise ValueError(f"path attention needs kv_len a multiple of {KV_BLOCK} within the cache and at "
                                      f"most {t} nodes, got kv_len {s}, {pa.order.shape[0]} nodes")
-            return AttnMeta(start=start, kv_len=max(pa.masks.shape[-1] for pa in paths), paths=paths)
+            return AttnMeta(start=start, kv_len=max(pa.kv_len for pa in paths), paths=paths)
         kv_len = kv_len if kv_len is not None else start + t
         if meta.row_lengths is not None and t == 1 and self.path_kernel() is not None:
             return AttnMeta(start=start, kv_len=kv_len, lengths=meta.row_lengths, kernel=self.path_kernel())
