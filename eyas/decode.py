@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from eyas import kernels
 from eyas.drafters.base import Drafter, TargetFeatures
 from eyas.models.attention import round_up
 from eyas.models.base import ForwardMeta, ForwardOutput, PathAttention, TargetModel
@@ -89,7 +90,7 @@ def make_verifier(cfg: DecodeConfig) -> Verifier:
     if cfg.typical is not None:
         return lambda d, logits, g: verify_typical(d.tree, logits, sp.temperature, cfg.typical)
     if sp.greedy:
-        return lambda d, logits, g: verify_greedy(d.tree, logits)
+        return lambda d, logits, g: verify_greedy(d.tree, logits, kernels.argmax(logits))
     return lambda d, logits, g: verify_sampling(d, logits_to_probs(logits, sp), g)
 
 

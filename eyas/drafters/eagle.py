@@ -20,16 +20,16 @@ from torch import nn
 
 from eyas.drafters.base import Drafter, TargetFeatures, register_drafter
 from eyas.drafters.expansion import Feed, make_expansion
-from eyas.tree import Frontier
+from eyas.drafters.head_kernels import HeadPaths, fuse_head_blocks_
 from eyas.formats import read_weights, weight_keys
 from eyas.kv.static import KVCache
 from eyas.models.base import causal_mask
 from eyas.models.config import ModelConfig
-from eyas.drafters.head_kernels import HeadPaths, fuse_head_blocks_
 from eyas.models.gguf_blocks import FAST_ROWS, quantize_head_
 from eyas.models.layers import RopeTable
 from eyas.models.native import DecoderLayer
 from eyas.models.packed import pack_linears_
+from eyas.tree import Frontier
 from eyas.types import DraftOutput, SamplingParams, Tree
 
 
@@ -178,7 +178,8 @@ class EagleDrafter(Drafter):
     @torch.inference_mode()
     def draft_candidates(self, history: torch.Tensor) -> None:
         """Grow this step's candidates level by level into the expansion's books (``propose`` keeps the best of
-        them as the tree; the hybrid drafter merges the books with lookup's chains instead)."""
+        them as the tree; the hybrid drafter merges the books with lookup's chains instead).
+        """
         s = self.state
         feed = self.expansion.start(history[-1].cpu(), s.root_logp)
         parent_h = s.root_hidden[None]  # [1, D]

@@ -97,7 +97,8 @@ class Frontier:
     @functools.cached_property
     def parent_rows(self) -> torch.Tensor:
         """[F] long, row of the previous feed whose output is each node's parent (0 at depth 1: the root's
-        logits); pick the parents' hidden states with it."""
+        logits); pick the parents' hidden states with it.
+        """
         return torch.tensor(self.parent_row_list, dtype=torch.long, device=self.device)
 
     @functools.cached_property

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 
-from eyas import kernels
 from eyas.types import Tree, VerifyOutput
 from eyas.verify.paths import check_rows
 
@@ -18,6 +17,8 @@ def verify_greedy(
     tree: Tree,
     # [N, V] target logits; row i is the distribution of the token after node i
     logits: torch.Tensor,
+    # [N] long, logits.argmax(-1) where the caller has a faster way to it (eyas.kernels.argmax); None: torch's
+    greedy: torch.Tensor | None = None,
 ) -> VerifyOutput:
     """Accept the longest root path whose tokens all equal the target's argmax.
 
@@ -39,7 +40,7 @@ def verify_greedy(
     """
     check_rows(tree, logits, "logits")
     # [N] greedy token after each node
-    target = greedy_tokens(logits)
+    target = logits.argmax(dim=-1) if greedy is None else greedy
     # one host transfer, then a walk over the N nodes in Python: a draft tree has a handful of nodes, and each
     # torch op on a tensor of four elements costs more (microseconds of dispatch, cold right after the target
     # forward) than the whole walk; the rule is ``deepest_passing_path``'s
@@ -68,16 +69,3 @@ def deepest_accepted(tokens: list[int], parents: list[int], greedy: list[int]) -
         path.append(parents[path[-1]])
     return path[::-1]
 
-
-def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
-    """[N, V] -> [N] long: ``logits.argmax(-1)``, on a CPU through the compiled one-pass kernel (the same indices:
-    first maximum, NaN first; eyas/kernels/layer_ops.cpp), elsewhere torch's.
-    """
-    if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.ndim == 2 and logits.stride(-1) == 1:
-        ops = _ops()
-        if ops is not None:
-            return ops.argmax_rows(logits)
-    return logits.argmax(dim=-1)
-
-
-_ops = kernels.Lazy(kernels.layer_ops, usable=lambda k: hasattr(k, "argmax_rows"))

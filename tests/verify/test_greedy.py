@@ -7,10 +7,11 @@ import random
 import pytest
 import torch
 
+from eyas.kernels import argmax as greedy_tokens
 from eyas.tree import make_tree
 from eyas.types import Tree
 from eyas.verify import verify_greedy
-from eyas.verify.greedy import deepest_accepted, greedy_tokens
+from eyas.verify.greedy import deepest_accepted
 from eyas.verify.paths import deepest_passing_path
 
 V = 10
