@@ -20,7 +20,7 @@ from torch import nn
 
 from eyas.drafters.base import Drafter, TargetFeatures, register_drafter
 from eyas.drafters.expansion import Feed, make_expansion
-from eyas.drafters.head_kernels import HeadPaths, fuse_head_blocks_
+from eyas.drafters.head_kernels import HeadPaths, fast_layer, fast_layer_ready, fuse_head_blocks_
 from eyas.formats import read_weights, weight_keys
 from eyas.kv.static import KVCache
 from eyas.models.base import causal_mask
@@ -52,6 +52,19 @@ class EagleHead(nn.Module):
         # a plain attribute, not a buffer: .to(bfloat16) must not round the RoPE frequencies
         self.inv_freq = cfg.inv_freq()
         self.rope_table = RopeTable(self.inv_freq)  # cos / sin by position, computed once (not state)
+
+    def fast_ready(self) -> bool:
+        """Whether ``fast_forward`` serves (fused Q8_0 blocks and the compiled kernels: a bf16 head on a CPU)."""
+        layer = self.layers[0]
+        return isinstance(layer.input_layernorm, nn.Identity) and fast_layer_ready(layer.self_attn, layer.mlp)
+
+    def fast_forward(self, emb, feats, positions, cache: KVCache, write_start: int, paths: HeadPaths) -> torch.Tensor:
+        """emb, feats: [T, D]; positions [T]; rows attend as ``paths`` says -> [T, D] (``forward``'s)."""
+        x = self.fc(torch.cat([emb, feats.to(emb.dtype)], dim=-1))
+        rope = self.rope_table.rows(positions, x.dtype, cache.max_slots)
+        layer = self.layers[0]
+        return fast_layer(layer.self_attn, layer.mlp, layer.post_attention_layernorm, x, x, rope, cache, write_start,
+                          paths)
 
     def forward(self, emb, feats, positions, cache: KVCache, start: int, mask) -> torch.Tensor:
         """emb, feats: [B, T, D]; positions [B, T]; mask [B, T, S] bool or None -> [B, T, D]."""

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from eyas import kernels
+from eyas.drafters.eagle import EagleDrafter, random_head
 from eyas.drafters.eagle3 import Eagle3Drafter, random_eagle3_head
 from eyas.drafters.head_kernels import HeadPaths
 from eyas.models.base import causal_mask
@@ -33,24 +34,31 @@ def test_head_paths_from_visibility() -> None:
     assert ragged.slots.tolist() == [[4, 4], [4, 5]] and ragged.lengths.tolist() == [1, 2]
 
 
-def _drafter(tiny):
+def _drafter(tiny, kind: str = "eagle3"):
     target = tiny.native("llama", seed=0).to(torch.bfloat16)
+    if kind == "eagle":
+        return EagleDrafter(target_model=target, head=random_head(target.config, seed=3), tree="dynamic:2,3,4")
     head = random_eagle3_head(target.config, draft_vocab_size=128, seed=3)
     return Eagle3Drafter(target_model=target, head=head, tree="dynamic:2,3,4")
 
 
 @needs_kernels
-def test_drafter_takes_the_fast_layer_for_a_bf16_head(tiny) -> None:
+def test_drafters_take_the_fast_layer_for_a_bf16_head(tiny) -> None:
     assert _drafter(tiny).fast
+    target = tiny.native("llama", seed=0).to(torch.bfloat16)
+    assert EagleDrafter(target_model=target, head=random_head(target.config, seed=3), tree="dynamic:2,3,4").fast
+    assert not EagleDrafter(target_model=tiny.native("llama", seed=0), head=random_head(target.config)).fast  # fp32
 
 
 @needs_kernels
+@pytest.mark.parametrize("kind", ("eagle3", "eagle"))
 @pytest.mark.parametrize("case", ("extend", "tree"))
-def test_fast_forward_equals_the_torch_layer(tiny, case) -> None:
+def test_fast_forward_equals_the_torch_layer(tiny, case, kind) -> None:
     """Same weights (the fused Q8_0 blocks are the per-projection blocks), same attention pattern: outputs and
     the cached keys/values agree to bf16 rounding (RoPE rounds once instead of three times, and the kernel sums
     in another order)."""
-    d = _drafter(tiny)
+    d = _drafter(tiny, kind)
+    assert d.fast
     h, cfg = d.head, d.head.config
     g = torch.Generator().manual_seed(0)
     n, t = 9, 3  # committed slots, new rows
