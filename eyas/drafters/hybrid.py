@@ -69,6 +69,45 @@ def lookup_chains(history: torch.Tensor, cfg: HybridConfig) -> list[Chain]:
     return []
 
 
+class SuffixIndex:
+    """The latest start of every n-gram (1 .. ``max_ngram`` tokens) that has a token after it, kept as the
+    sequence's text grows: a lookup is one dict read instead of scanning the history (``lookup_chains`` over
+    tensors: ~0.09 ms a step at a few hundred tokens, measured in the step on the Zen 5 VM).
+
+    Example: after [5, 7, 9, 5, 7] the 2-gram (5, 7) maps to start 0 (its later copy, the suffix itself, has no
+    successor yet), so the continuation of the suffix is [9, 5, 7].
+    """
+
+    def __init__(self, max_ngram: int) -> None:
+        self.max_ngram = max_ngram
+        self.tokens: list[int] = []
+        self.latest: dict[tuple[int, ...], int] = {}
+
+    def update(self, history: torch.Tensor) -> None:
+        """history: [n] long, the text so far; it extends the text seen before (else the index is rebuilt)."""
+        old = len(self.tokens)
+        if history.shape[0] < old or (old and int(history[old - 1]) != self.tokens[-1]):
+            self.tokens, self.latest, old = [], {}, 0
+        if history.shape[0] == old:
+            return
+        toks = self.tokens
+        toks += history[old:].tolist()
+        for end in range(max(old - 1, 0), len(toks) - 1):  # n-grams that just got a successor
+            for size in range(1, min(self.max_ngram, end + 1) + 1):
+                self.latest[tuple(toks[end - size + 1 : end + 1])] = end - size + 1
+
+    def chains(self, cfg: HybridConfig) -> list[Chain]:
+        """``lookup_chains`` for one branch: the continuation after the latest match of the longest matching suffix."""
+        toks = self.tokens
+        for size in range(min(cfg.max_ngram, len(toks) - 1), cfg.min_ngram - 1, -1):
+            start = self.latest.get(tuple(toks[len(toks) - size :]))
+            if start is not None:
+                lp = math.log(cfg.lookup_accept[min(size, len(cfg.lookup_accept)) - 1])
+                cont = toks[start + size : start + size + cfg.num_draft]
+                return [Chain(cont, [lp] * len(cont))]
+        return []
+
+
 @register_drafter("hybrid")
 class HybridDrafter(Drafter):
     """A head drafter with a dynamic tree, plus prompt-lookup chains, in one ranked tree."""
@@ -83,9 +122,11 @@ class HybridDrafter(Drafter):
         self.taps = self.head.taps
         self.max_nodes = self.cfg.budget or self.head.max_nodes
         self.last: MergedTree | None = None  # the last proposal's books (tests, diagnostics)
+        self.index = SuffixIndex(self.cfg.max_ngram)
 
     def start(self, max_slots: int) -> None:
         self.head.start(max_slots)
+        self.index = SuffixIndex(self.cfg.max_ngram)  # per sequence (fork copies, start replaces)
 
     def extend(self, tokens: torch.Tensor, feats: TargetFeatures) -> None:
         self.head.extend(tokens, feats)
@@ -93,12 +134,18 @@ class HybridDrafter(Drafter):
     def fork(self) -> HybridDrafter:
         twin = copy.copy(self)
         twin.head = self.head.fork()
+        twin.index = SuffixIndex(self.cfg.max_ngram)
         return twin
 
     def propose(self, history: torch.Tensor, sampling: SamplingParams, generator=None) -> DraftOutput:
         self.head.draft_candidates(history)  # fills the head's candidate books
         base = Candidates(*self.head.expansion.builder.candidates())  # the head's books, every scored node
-        self.last = merge_candidates(base, lookup_chains(history.cpu(), self.cfg), self.max_nodes)
+        if self.cfg.branches == 1:
+            self.index.update(history)
+            chains = self.index.chains(self.cfg)
+        else:
+            chains = lookup_chains(history.cpu(), self.cfg)
+        self.last = merge_candidates(base, chains, self.max_nodes)
         t, dev = self.last.tree, history.device
         if t.tokens.device != dev:
             t = Tree(t.tokens.to(dev), t.parents.to(dev), t.depth.to(dev), t.mask.to(dev))

@@ -18,7 +18,7 @@ import torch
 from eyas.decode import DecodeConfig, SpecDecoder
 from eyas.drafters.base import get_drafter_factory
 from eyas.drafters.eagle3 import Eagle3Drafter, random_eagle3_head
-from eyas.drafters.hybrid import HybridConfig, HybridDrafter, lookup_chains
+from eyas.drafters.hybrid import HybridConfig, HybridDrafter, SuffixIndex, lookup_chains
 from eyas.types import SamplingParams
 from eyas.verify import logits_to_probs, sample, verify_sampling
 
@@ -233,3 +233,21 @@ def test_embedded_default_with_the_shipped_head_equals_plain(default_target, dty
         assert out.token_ids == ref.token_ids, q
         taus.append(out.mean_accepted)
     assert sum(taus) / len(taus) > 1.5, taus  # a trained head plus lookup accepts (a random head: about 1.0)
+
+
+@pytest.mark.parametrize("max_ngram,min_ngram", [(3, 1), (2, 2), (4, 1)])
+def test_suffix_index_chains_equal_the_scan_as_the_text_grows(max_ngram, min_ngram):
+    """The incremental index gives the history scan's chain at every length: small vocabularies (many repeats),
+    growth by one token and by several (accepted drafts), and a history that is not an extension (rebuilt)."""
+    cfg = HybridConfig(max_ngram=max_ngram, min_ngram=min_ngram, num_draft=4)
+    g = torch.Generator().manual_seed(max_ngram)
+    for vocab in (2, 3, 6):
+        text = torch.randint(0, vocab, (120,), generator=g)
+        index, n = SuffixIndex(max_ngram), 1
+        while n <= text.shape[0]:
+            index.update(text[:n])
+            assert index.chains(cfg) == lookup_chains(text[:n], cfg), (vocab, n)
+            n += 1 + int(torch.randint(0, 3, (1,), generator=g))
+        other = torch.randint(0, vocab, (30,), generator=g)
+        index.update(other)
+        assert index.tokens == other.tolist() and index.chains(cfg) == lookup_chains(other, cfg)
