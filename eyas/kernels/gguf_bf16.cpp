@@ -217,7 +217,8 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor blocks, int64_t qtype, torch
     float acc[MAX_M * NB];
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t j0 = g * NB, nr = std::min<int64_t>(NB, n - j0);
-      if (g + PF_GROUPS < g1) {  // the group PF_GROUPS ahead, while this one computes: memory and math overlap
+      if (m > 1 && g + PF_GROUPS < g1) {  // the group PF_GROUPS ahead while this one computes (several rows: memory
+                                          // and math overlap; one row is load-bound and measured no better)
         const uint8_t* p = wd + (j0 + PF_GROUPS * NB) * row_bytes;
         for (int64_t o = 0; o < NB * row_bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
       }
