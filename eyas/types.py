@@ -48,6 +48,12 @@ class Tree:
     def num_nodes(self) -> int:
         return int(self.tokens.shape[0])
 
+    def to(self, device: torch.device | str) -> Tree:
+        """This tree on ``device``: itself when it is there already (draft books are built on the host)."""
+        if self.tokens.device == torch.device(device):
+            return self
+        return Tree(self.tokens.to(device), self.parents.to(device), self.depth.to(device), self.mask.to(device))
+
 
 @dataclass
 class DraftOutput:

@@ -30,7 +30,7 @@ from eyas.models.layers import RopeTable
 from eyas.models.native import DecoderLayer
 from eyas.models.packed import pack_linears_
 from eyas.tree import Frontier
-from eyas.types import DraftOutput, SamplingParams, Tree
+from eyas.types import DraftOutput, SamplingParams
 
 
 class HeadMismatchError(ValueError):
@@ -183,10 +183,7 @@ class EagleDrafter(Drafter):
     @torch.inference_mode()
     def propose(self, history: torch.Tensor, sampling: SamplingParams, generator=None) -> DraftOutput:
         self.draft_candidates(history)
-        tree, dev = self.expansion.finish(), history.device
-        if tree.tokens.device != dev:
-            tree = Tree(*(getattr(tree, f).to(dev) for f in ("tokens", "parents", "depth", "mask")))
-        return DraftOutput(tree=tree)
+        return DraftOutput(tree=self.expansion.finish().to(history.device))
 
     @torch.inference_mode()
     def draft_candidates(self, history: torch.Tensor) -> None:

@@ -30,7 +30,7 @@ from eyas.drafters.base import Drafter, TargetFeatures, get_drafter_factory, reg
 from eyas.drafters.expansion import DynamicExpansion
 from eyas.drafters.ngram import NgramConfig, find_continuations
 from eyas.tree.merge import Candidates, Chain, MergedTree, merge_candidates
-from eyas.types import DraftOutput, SamplingParams, Tree
+from eyas.types import DraftOutput, SamplingParams
 
 
 @dataclass
@@ -146,10 +146,7 @@ class HybridDrafter(Drafter):
         else:
             chains = lookup_chains(history.cpu(), self.cfg)
         self.last = merge_candidates(base, chains, self.max_nodes)
-        t, dev = self.last.tree, history.device
-        if t.tokens.device != dev:
-            t = Tree(t.tokens.to(dev), t.parents.to(dev), t.depth.to(dev), t.mask.to(dev))
-        return DraftOutput(tree=t)
+        return DraftOutput(tree=self.last.tree.to(history.device))
 
 
 def load_head(target, head: str | Path | None, tree: str | None) -> Drafter:

@@ -362,8 +362,7 @@ class _DynamicMedusaTree:
         self.builder.start(root.cpu()[0], vals[0], idx[0])
         for d in range(1, self.cfg.depth):  # every frontier node gets the same children: head d's top-k
             self.builder.expand(vals[d].expand(k, k), idx[d].expand(k, k))
-        t = self.builder.finish().tree
-        return Tree(*(getattr(t, f).to(dev) for f in ("tokens", "parents", "depth", "mask")))
+        return self.builder.finish().tree.to(dev)
 
 
 def make_medusa_tree(spec: str | None, num_heads: int, device: torch.device | str = "cpu"):

@@ -166,4 +166,4 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
-_argmax_ops = Lazy(layer_ops, usable=lambda k: hasattr(k, "argmax_rows"))
+_argmax_ops = Lazy(layer_ops)
