@@ -318,4 +318,8 @@ def root_only(seq: SeqState) -> DraftOutput:
 
 
 def _features(out: ForwardOutput, rows: torch.Tensor) -> TargetFeatures:
+    """The forward's features at ``rows`` [A] (the accepted path's nodes, or a prefill chunk's rows)."""
+    a = rows.shape[0]
+    if rows.device.type == "cpu" and rows.tolist() == list(range(a)):  # the first A rows: views, no gathers
+        return TargetFeatures(hidden=out.hidden[0, :a], taps={k: v[0, :a] for k, v in out.taps.items()})
     return TargetFeatures(hidden=out.hidden[0, rows], taps={k: v[0, rows] for k, v in out.taps.items()})

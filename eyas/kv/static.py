@@ -108,6 +108,8 @@ class KVCache:
         [0, 2, 5] -> slots 10, 12, 15 move to 10, 11, 12.
         """
         a = src.shape[0]
+        if src.device.type == "cpu" and src.tolist() == list(range(a)):
+            return  # the accepted nodes are the first A, in order (a rejected draft, the first child kept): in place
         idx = src.to(self.k.device) + start
         # gather first, then write, so overlapping source/target slots are safe
         self.k[:, :, :, start : start + a] = self.k.index_select(3, idx)
