@@ -38,6 +38,7 @@ class QuestionResult:
     # eyas plain decoding split into prompt processing and decoding (tokens after the first)
     plain_prompt_tps: float = 0.0
     plain_decode_tps: float = 0.0
+    spec_decode_tps: float = 0.0  # the speculative run's tokens after the first / its time after prefill
     llamacpp_prompt_tps: float | None = None
     llamacpp_decode_tps: float | None = None
     steps: int = 0  # target forwards after prefill (speculative run)
@@ -67,6 +68,11 @@ class SpeedReport:
             "identical": f"{sum(r.identical for r in q)}/{len(q)}",
             "token_agreement": sum(r.agreement for r in q) / len(q),
         }
+        if all(r.plain_decode_tps and r.spec_decode_tps for r in q):  # prompt processing left out of both
+            dec = [max(r.new_tokens - 1, 0) for r in q]
+            plain_d = sum(n / r.plain_decode_tps for n, r in zip(dec, q, strict=True))
+            spec_d = sum(n / r.spec_decode_tps for n, r in zip(dec, q, strict=True))
+            out.update({"decode_speedup": plain_d / spec_d if spec_d else 0.0})
         steps = sum(r.steps for r in q)
         if steps:  # where a speculative step's time goes: drafting vs the rest (verify forward, commit)
             draft_s = sum(r.draft_seconds for r in q)
@@ -200,6 +206,7 @@ def bench_question(spec, q: dict, params: dict, hf: HFPeer | None, llama=None) -
         steps=fast.steps, draft_seconds=clock.seconds, spec_seconds=fast.seconds,
         plain_prompt_tps=plain.prompt_tokens / plain.prefill_seconds if plain.prefill_seconds else 0.0,
         plain_decode_tps=(plain.new_tokens - 1) / max(plain.seconds - plain.prefill_seconds, 1e-9),
+        spec_decode_tps=(fast.new_tokens - 1) / max(fast.seconds - fast.prefill_seconds, 1e-9),
     )
     if llama is not None:
         run = llama.run(spec.encode(prompt).tolist(), params["max_new_tokens"], spec.stop_ids())

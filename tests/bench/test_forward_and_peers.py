@@ -66,3 +66,16 @@ def test_summary_reports_prompt_and_decode_rates_apart():
     assert s["llamacpp_decode_tokens_per_second"] == pytest.approx(100.0)
     assert s["eyas_plain_decode_vs_llamacpp"] == pytest.approx(2 / (1 / 50 + 1 / 25) / 100)
     assert "Q4_1" in s["llamacpp_weights_caveat"]
+
+
+def test_summary_reports_the_decode_only_speedup_beside_the_end_to_end_one():
+    # question 0: 11 tokens, decode 10 after the first at 50 vs 100 tok/s; question 1: 21 tokens, 20 at 40 vs 50
+    rows = [QuestionResult(question_id=0, new_tokens=11, plain_tps=40.0, spec_tps=60.0, mean_accepted=2.0,
+                           identical=True, agreement=1.0, plain_decode_tps=50.0, spec_decode_tps=100.0),
+            QuestionResult(question_id=1, new_tokens=21, plain_tps=35.0, spec_tps=40.0, mean_accepted=1.5,
+                           identical=True, agreement=1.0, plain_decode_tps=40.0, spec_decode_tps=50.0)]
+    s = SpeedReport(settings={}, questions=rows).summary()
+    assert s["decode_speedup"] == pytest.approx((10 / 50 + 20 / 40) / (10 / 100 + 20 / 50))
+    assert s["speedup"] == pytest.approx((11 / 40 + 21 / 35) / (11 / 60 + 21 / 40))
+    rows[1].spec_decode_tps = 0.0  # a result without the split (older JSON): no decode-only figure
+    assert "decode_speedup" not in SpeedReport(settings={}, questions=rows).summary()
