@@ -206,7 +206,7 @@ class EagleDrafter(Drafter):
         f, dev = feed.tokens.shape[0], parent_h.device
         if self.fast and f <= FAST_ROWS:
             pos = torch.full((f,), s.n - 1 + feed.depth, device=dev)
-            paths = HeadPaths.from_visibility(s.n, feed.visible)
+            paths = HeadPaths.from_seen(s.n, feed.seen)
             feats = parent_h[feed.parent_rows.to(dev)]
             return self.head.fast_forward(self._embed(feed.tokens.to(dev)), feats, pos, s.cache, s.n + fed, paths)
         mask = torch.cat([torch.ones(f, s.n, dtype=torch.bool, device=dev), feed.mask.to(dev)], dim=1)

@@ -32,9 +32,11 @@ class Feed:
     depth: int
 
     @property
-    def visible(self) -> list[list[bool]]:
-        """``mask`` as lists (what the compiled head layer reads: eyas.drafters.head_kernels.HeadPaths)."""
-        return self.mask.tolist()
+    def seen(self) -> list[list[int]]:
+        """seen[f]: the fed entries node f attends, ascending (what the compiled head layer reads:
+        eyas.drafters.head_kernels.HeadPaths).
+        """
+        return [[j for j, v in enumerate(row) if v] for row in self.mask.tolist()]
 
 
 class StaticExpansion:

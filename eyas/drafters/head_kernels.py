@@ -51,9 +51,11 @@ class HeadPaths:
         return cls(prefix=start, slots=slots, lengths=torch.arange(1, t + 1))
 
     @classmethod
-    def from_visibility(cls, prefix: int, visible: list[list[bool]]) -> HeadPaths:
-        """visible[r][j]: row r sees slot prefix + j (the drafted nodes fed so far, this feed's last)."""
-        paths = [[prefix + j for j, v in enumerate(row) if v] for row in visible]
+    def from_seen(cls, prefix: int, seen: list[list[int]]) -> HeadPaths:
+        """seen[r]: ascending entries j of the drafted nodes fed so far (this feed's last) that row r attends,
+        at slots prefix + j.
+        """
+        paths = [[prefix + j for j in row] for row in seen]
         width = max(len(p) for p in paths)
         return cls(prefix=prefix, slots=torch.tensor([p + [p[-1]] * (width - len(p)) for p in paths]),
                    lengths=torch.tensor([len(p) for p in paths]))
@@ -90,7 +92,7 @@ def _parts(mod: nn.Module) -> list[nn.Linear] | None:
     return None
 
 
-_ops = kernels.Lazy(kernels.layer_ops)
+_ops = kernels.LAYER_OPS
 _attention = kernels.Lazy(kernels.path_attention)
 
 

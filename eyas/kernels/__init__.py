@@ -119,6 +119,10 @@ def layer_ops():
     return _get("layer_ops", "the decode-layer kernel", "EYAS_LAYER_OPS", ["-ffp-contract=off"])
 
 
+# the one process-wide handle on layer_ops (exact decode forwards, the draft head's layer, the greedy argmax)
+LAYER_OPS = Lazy(layer_ops)
+
+
 def _get(name: str, what: str, env: str, flags: list[str] | None = None):
     with _lock:
         if name not in _loaded:
@@ -160,10 +164,8 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     same indices: first maximum, NaN first; ~4x torch's for [4, 49152] on the Zen 5 VM), elsewhere torch's.
     """
     if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.ndim == 2 and logits.stride(-1) == 1:
-        ops = _argmax_ops()
+        ops = LAYER_OPS()
         if ops is not None:
             return ops.argmax_rows(logits)
     return logits.argmax(dim=-1)
 
-
-_argmax_ops = Lazy(layer_ops)

@@ -102,7 +102,7 @@ def fused_path_attend(qkv: torch.Tensor, rope, cache: KVCache, layer: int, meta:
     return y.view(1, n, heads, dh)
 
 
-_layer_ops = kernels.Lazy(kernels.layer_ops)
+_layer_ops = kernels.LAYER_OPS
 
 
 def path_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int,

@@ -67,9 +67,21 @@ def rope_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dt
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+def rope_table(inv_freq: torch.Tensor, n: int) -> torch.Tensor:
+    """[n, 2, Dh] float32: cos and signed sin (rotate_half's minus on the first half) for positions 0 .. n - 1,
+    computed in fp32 as transformers does: the target's table (eyas.models.native) and the heads' ``RopeTable``.
+    """
+    freqs = torch.arange(n, dtype=torch.float32, device=inv_freq.device)[:, None] * inv_freq  # [n, Dh/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    sin = emb.sin()
+    half = sin.shape[-1] // 2
+    sin[:, :half] = -sin[:, :half]
+    return torch.stack([emb.cos(), sin], dim=1)
+
+
 class RopeTable:
-    """``rope_tables`` for a drafting head from a table computed once (fp32, grown on demand): two index ops a
-    call instead of building the angles, cos and sin every tree level.
+    """``rope_tables`` for a drafting head from ``rope_table`` computed once (fp32, grown on demand): two index
+    ops a call instead of building the angles, cos and sin every tree level.
     """
 
     def __init__(self, inv_freq: torch.Tensor) -> None:
@@ -79,11 +91,10 @@ class RopeTable:
 
     def _grow(self, slots: int, device: torch.device) -> None:
         if self.cos.shape[0] < slots or self.cos.device != device:
-            n = max(slots, 2 * self.cos.shape[0])
-            cos, sin = rope_tables(self.inv_freq, torch.arange(n, device=device)[None], torch.float32)
-            self.cos, self.sin = cos[0, 0], sin[0, 0]
-            half = self.sin.shape[-1] // 2
-            self._signed = torch.cat([-self.sin[:, :half], self.sin[:, half:]], dim=-1)
+            table = rope_table(self.inv_freq.to(device), max(slots, 2 * self.cos.shape[0]))
+            self.cos, self._signed = table[:, 0].contiguous(), table[:, 1].contiguous()
+            half = self._signed.shape[-1] // 2
+            self.sin = torch.cat([-self._signed[:, :half], self._signed[:, half:]], dim=-1)
 
     def __call__(self, positions: torch.Tensor, dtype: torch.dtype, slots: int):
         """positions [B, T], all < slots -> cos, sin [B, 1, T, Dh] in ``dtype``."""

@@ -25,6 +25,7 @@ from eyas.models.layers import (  # noqa: F401  (re-exported: the heads build on
     RMSNorm,
     apply_rope,
     rms_norm,
+    rope_table,
     rope_tables,
     vocab_logits,
 )
@@ -53,16 +54,6 @@ class Rope:
         """x: [B, T, N, Dh] -> rotated, contiguous."""
         swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)  # [x2, x1]
         return torch.addcmul(x * self.cos, swapped, self.sin_signed)
-
-
-def rope_table(inv_freq: torch.Tensor, n: int) -> torch.Tensor:
-    """[n, 2, Dh] float32: cos and signed sin for positions 0 .. n - 1 (computed in fp32 as transformers does)."""
-    freqs = torch.arange(n, dtype=torch.float32, device=inv_freq.device)[:, None] * inv_freq  # [n, Dh/2]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    sin = emb.sin()
-    half = sin.shape[-1] // 2
-    sin[:, :half] = -sin[:, :half]
-    return torch.stack([emb.cos(), sin], dim=1)
 
 
 class TargetAttention(nn.Module):

@@ -75,14 +75,25 @@ class Frontier:
     never fed, and a drafter reads only what its attention needs).
     """
 
-    def __init__(self, slots: list[int], tokens: list[int], parent_rows: list[int], visible: list[list[bool]],
-                 depth: int, device: torch.device) -> None:
+    def __init__(self, slots: list[int], tokens: list[int], parent_rows: list[int], seen: list[list[int]],
+                 fed: int, depth: int, device: torch.device) -> None:
         self.slots, self.token_list, self.parent_row_list = slots, tokens, parent_rows
-        # visible[f][j]: node f may attend entry j of all frontiers fed so far, this one included,
-        # concatenated in feeding order (= its ancestors and itself)
-        self.visible = visible
+        # seen[f]: the entries node f attends among the ``fed`` nodes of all frontiers fed so far (this one
+        # included, concatenated in feeding order), ascending: its ancestors, then itself
+        self.seen, self.fed = seen, fed
         self.depth = depth  # depth of every frontier node (d)
         self.device = device
+
+    @property
+    def visible(self) -> list[list[bool]]:
+        """visible[f][j]: node f attends fed entry j (``seen`` as one row of flags per node)."""
+        rows = []
+        for row in self.seen:
+            flags = [False] * self.fed
+            for j in row:
+                flags[j] = True
+            rows.append(flags)
+        return rows
 
     @functools.cached_property
     def indices(self) -> torch.Tensor:
@@ -276,6 +287,6 @@ class DynamicTreeBuilder:
         self._frontiers.append(slots)
         self._fed += slots
         fed = self._fed
-        visible = [[(self._anc[i] >> j) & 1 == 1 for j in fed] for i in slots]
-        return Frontier(slots, [self._tok[i] for i in slots], parent_rows, visible, len(self._frontiers),
+        seen = [[j for j, c in enumerate(fed) if (self._anc[i] >> c) & 1] for i in slots]
+        return Frontier(slots, [self._tok[i] for i in slots], parent_rows, seen, len(fed), len(self._frontiers),
                         self.device)

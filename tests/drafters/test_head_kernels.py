@@ -25,13 +25,29 @@ def test_head_paths_causal() -> None:
     assert [row[:n] for row, n in zip(p.slots.tolist(), p.lengths.tolist(), strict=True)] == [[5], [5, 6], [5, 6, 7]]
 
 
-def test_head_paths_from_visibility() -> None:
+def test_head_paths_from_seen() -> None:
     # feed of depth 2 after two depth-1 nodes (fed slots 0, 1): rows see their parent and themselves
-    p = HeadPaths.from_visibility(10, [[True, False, True, False], [False, True, False, True]])
+    p = HeadPaths.from_seen(10, [[0, 2], [1, 3]])
     assert p.prefix == 10 and p.lengths.tolist() == [2, 2]
     assert p.slots.tolist() == [[10, 12], [11, 13]]
-    ragged = HeadPaths.from_visibility(4, [[True], [True, True]])
+    ragged = HeadPaths.from_seen(4, [[0], [0, 1]])
     assert ragged.slots.tolist() == [[4, 4], [4, 5]] and ragged.lengths.tolist() == [1, 2]
+
+
+def test_frontier_and_feed_hand_the_same_attended_entries_as_their_masks() -> None:
+    from eyas.drafters.expansion import make_expansion
+
+    logp = torch.log_softmax(torch.randn(50, generator=torch.Generator().manual_seed(1)), -1)
+    for exp in (make_expansion("dynamic:3,4,8"),
+                make_expansion("static:[[0],[1],[0,0],[0,1],[1,0],[0,0,0]]")):
+        feed, levels = exp.start(torch.tensor(7), logp), 0
+        while feed is not None:
+            seen = [[j for j, v in enumerate(row) if v] for row in feed.mask.tolist()]
+            assert feed.seen == seen and all(row[-1] == feed.mask.shape[1] - feed.tokens.shape[0] + r
+                                             for r, row in enumerate(seen))  # each node attends itself, last
+            levels += 1
+            feed = exp.grow(logp.expand(feed.tokens.shape[0], -1))
+        assert levels >= 2
 
 
 def _drafter(tiny, kind: str = "eagle3"):
@@ -71,7 +87,7 @@ def test_fast_forward_equals_the_torch_layer(tiny, case, kind) -> None:
     else:  # three depth-2 nodes after three fed depth-1 nodes (slots n .. n + 2): parents 0, 0, 2
         vis = [[True, False, False, True, False, False], [True, False, False, False, True, False],
                [False, False, True, False, False, True]]
-        pos, paths = torch.full((t,), n + 1), HeadPaths.from_visibility(n, vis)
+        pos, paths = torch.full((t,), n + 1), HeadPaths.from_seen(n, [[j for j, v in enumerate(r) if v] for r in vis])
         write = n + 3
         mask = torch.cat([torch.ones(t, n, dtype=torch.bool), torch.tensor(vis)], dim=1)[None]
     outs, caches = [], []
