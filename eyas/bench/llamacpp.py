@@ -59,15 +59,25 @@ class LlamaCppPeer:
         llm.reset()
         t0 = time.perf_counter()
         llm.eval(prompt_ids)
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tok = self._greedy()
         t1 = time.perf_counter()
         out = [tok]
         while len(out) < max_new and tok not in stop_ids:
             llm.eval([tok])
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            tok = self._greedy()
             out.append(tok)
         t2 = time.perf_counter()
         return LlamaCppRun(token_ids=out, prompt_tokens=len(prompt_ids), prompt_seconds=t1 - t0, decode_seconds=t2 - t1)
+
+
+    def _greedy(self) -> int:
+        """Argmax of the last evaluated token's logits, read from the context: without ``logits_all``
+        llama-cpp-python's ``Llama.eval`` leaves ``Llama.scores`` unwritten (zeros), so reading it picks token 0.
+        """
+        from llama_cpp import llama_get_logits_ith
+
+        logits = np.ctypeslib.as_array(llama_get_logits_ith(self.llm.ctx, -1), shape=(self.llm.n_vocab(),))
+        return int(np.argmax(logits))
 
 
 def gguf_of(spec) -> Path:

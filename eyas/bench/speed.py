@@ -41,6 +41,7 @@ class QuestionResult:
     spec_decode_tps: float = 0.0  # the speculative run's tokens after the first / its time after prefill
     llamacpp_prompt_tps: float | None = None
     llamacpp_decode_tps: float | None = None
+    llamacpp_agreement: float | None = None  # common prefix with eyas's plain output / length (Q4_1 vs bf16 maths)
     steps: int = 0  # target forwards after prefill (speculative run)
     draft_seconds: float = 0.0  # time inside the drafter (propose + extend) in the speculative run
     spec_seconds: float = 0.0
@@ -112,7 +113,8 @@ def _split_rates(q: list[QuestionResult]) -> dict:
             "eyas_plain_prompt_tokens_per_second": rate("plain_prompt_tps"),
             "llamacpp_decode_tokens_per_second": ll_dec,
             "llamacpp_prompt_tokens_per_second": rate("llamacpp_prompt_tps"),
-            "eyas_plain_decode_vs_llamacpp": eyas_dec / ll_dec, "llamacpp_weights_caveat": WEIGHTS_CAVEAT}
+            "eyas_plain_decode_vs_llamacpp": eyas_dec / ll_dec, "llamacpp_weights_caveat": WEIGHTS_CAVEAT,
+            "llamacpp_token_agreement": sum(r.llamacpp_agreement or 0.0 for r in q) / len(q)}
 
 
 def read_questions(path: str, limit: int | None) -> list[dict]:
@@ -211,6 +213,7 @@ def bench_question(spec, q: dict, params: dict, hf: HFPeer | None, llama=None) -
     if llama is not None:
         run = llama.run(spec.encode(prompt).tolist(), params["max_new_tokens"], spec.stop_ids())
         res.llamacpp_prompt_tps, res.llamacpp_decode_tps = run.prompt_tps, run.decode_tps
+        res.llamacpp_agreement = _agreement(ref.token_ids, run.token_ids)
     if hf is not None:
         ids = spec.encode(prompt)
         hf_ids, hf_s = hf.run(ids, params["max_new_tokens"], lookup=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,19 @@ def test_summary_reports_the_decode_only_speedup_beside_the_end_to_end_one():
     assert s["speedup"] == pytest.approx((11 / 40 + 21 / 35) / (11 / 60 + 21 / 40))
     rows[1].spec_decode_tps = 0.0  # a result without the split (older JSON): no decode-only figure
     assert "decode_speedup" not in SpeedReport(settings={}, questions=rows).summary()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is an optional peer")
+def test_llamacpp_peer_decodes_greedily_past_one_batch_of_prompt():
+    from eyas.bench.llamacpp import LlamaCppPeer
+    from eyas.models.loading import embedded_gguf_path
+
+    peer = LlamaCppPeer(embedded_gguf_path(), threads=1)
+    llm = peer.llm
+    france = llm.tokenize(b"The capital of France is")
+    run = peer.run(france, 3, stop_ids=())
+    assert llm.detokenize(run.token_ids[:1]) == b" Paris"  # the model's greedy token, not token 0 (unwritten scores)
+    long = llm.tokenize(b"one two three four five six seven eight " * 80)  # > n_batch (512) prompt tokens
+    assert len(long) > 512
+    run = peer.run(long, 20, stop_ids=())
+    assert len(run.token_ids) == 20 and len(set(run.token_ids)) > 1 and run.decode_tps > 0
