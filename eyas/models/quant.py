@@ -5,8 +5,8 @@ int8 with one scale per output row (symmetric, absmax / 127); activations stay i
 On a CPU the product runs in torch's int8-weight kernel (``torch._weight_int8pack_mm``): measured on
 the AVX512-BF16 VM, 1 thread, bf16 activations, one row: 1.6-1.9x faster than the bf16 GEMV for
 SmolLM2's shapes (the [49152, 576] vocabulary projection 4.8 ms vs 8.1 ms), break-even near 2-3 rows
-and slower beyond (docs/benchmarks.md, "--quantize int8"; on a GGUF target the bf16 block kernel is faster). Elsewhere (GPU) the weight is dequantised
-on the fly, which computes the same quantized model.
+and slower beyond (docs/benchmarks.md, "--quantize int8"; on a GGUF target the bf16 block kernel
+is faster). Elsewhere (GPU) the weight is dequantised on the fly, which computes the same quantized model.
 
 Quantizing changes the model: outputs differ from the bf16 / fp32 model's. Speculative decoding
 stays lossless with respect to the quantized model (the target *is* the int8 model; the drafter
