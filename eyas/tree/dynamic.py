@@ -75,25 +75,21 @@ class Frontier:
     never fed, and a drafter reads only what its attention needs).
     """
 
-    def __init__(self, slots: list[int], tokens: list[int], parent_rows: list[int], seen: list[list[int]],
-                 fed: int, depth: int, device: torch.device) -> None:
+    def __init__(self, slots: list[int], tokens: list[int], parent_rows: list[int], ancestors: list[int],
+                 fed: list[int], depth: int, device: torch.device) -> None:
         self.slots, self.token_list, self.parent_row_list = slots, tokens, parent_rows
-        # seen[f]: the entries node f attends among the ``fed`` nodes of all frontiers fed so far (this one
-        # included, concatenated in feeding order), ascending: its ancestors, then itself
-        self.seen, self.fed = seen, fed
+        # ancestors[f]: node f's ancestor-or-self bit set over candidate slots; fed: the slots of all frontiers fed
+        # so far, this one included, in feeding order
+        self.ancestors, self.fed = ancestors, fed
         self.depth = depth  # depth of every frontier node (d)
         self.device = device
 
-    @property
-    def visible(self) -> list[list[bool]]:
-        """visible[f][j]: node f attends fed entry j (``seen`` as one row of flags per node)."""
-        rows = []
-        for row in self.seen:
-            flags = [False] * self.fed
-            for j in row:
-                flags[j] = True
-            rows.append(flags)
-        return rows
+    @functools.cached_property
+    def seen(self) -> list[list[int]]:
+        """seen[f]: the fed entries node f attends, ascending (its ancestors, then itself): what the compiled head
+        layer reads (eyas.drafters.head_kernels.HeadPaths); ``mask`` as lists.
+        """
+        return [[j for j, c in enumerate(self.fed) if (bits >> c) & 1] for bits in self.ancestors]
 
     @functools.cached_property
     def indices(self) -> torch.Tensor:
@@ -114,8 +110,8 @@ class Frontier:
 
     @functools.cached_property
     def mask(self) -> torch.Tensor:
-        """[F, F * d] bool, ``visible`` as a tensor."""
-        return torch.tensor(self.visible, dtype=torch.bool, device=self.device).reshape(len(self.slots), -1)
+        """[F, F * d] bool: node f may attend fed entry j (``seen`` as a tensor)."""
+        return bit_mask(self.ancestors, self.fed, self.device)
 
 
 @dataclass
@@ -286,7 +282,5 @@ class DynamicTreeBuilder:
     def _set_frontier(self, slots: list[int], parent_rows: list[int]) -> Frontier:
         self._frontiers.append(slots)
         self._fed += slots
-        fed = self._fed
-        seen = [[j for j, c in enumerate(fed) if (self._anc[i] >> c) & 1] for i in slots]
-        return Frontier(slots, [self._tok[i] for i in slots], parent_rows, seen, len(fed), len(self._frontiers),
-                        self.device)
+        return Frontier(slots, [self._tok[i] for i in slots], parent_rows, [self._anc[i] for i in slots],
+                        list(self._fed), len(self._frontiers), self.device)
