@@ -69,7 +69,6 @@ class LlamaCppPeer:
         t2 = time.perf_counter()
         return LlamaCppRun(token_ids=out, prompt_tokens=len(prompt_ids), prompt_seconds=t1 - t0, decode_seconds=t2 - t1)
 
-
     def _greedy(self) -> int:
         """Argmax of the last evaluated token's logits, read from the context: without ``logits_all``
         llama-cpp-python's ``Llama.eval`` leaves ``Llama.scores`` unwritten (zeros), so reading it picks token 0.

@@ -168,4 +168,3 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
         if ops is not None:
             return ops.argmax_rows(logits)
     return logits.argmax(dim=-1)
-

@@ -159,8 +159,8 @@ void group(const uint16_t* xd, int64_t m, const uint8_t* const* w, int64_t k, in
   // accumulators fit the 32 registers, where 4 + 1 re-loads every weight vector for the last row) and 6 as 3 + 3
   // (24 accumulators spill). 2 rows run as a 3-row block (the third repeats the second, into scratch): 2-row chains
   // measured slower than 3-row ones. Each accumulator's chain is the same whatever the block's shape, so none of
-  // this changes a bit. Measured, Zen 5, SmolLM2's 121 projections, alternating processes (ms): 5 rows 5.4-5.7 ->
-  // 5.0-5.2, 6 rows 6.1-6.2 -> see docs/benchmarks.md; 2 rows 4.8-5.3 -> 4.6-4.9.
+  // this changes a bit. Measured, Zen 5, SmolLM2's 121 projections, alternating processes (ms; scripts/
+  // projection_cost.py): 5 rows 5.42-5.76 -> 5.01-5.27, 6 rows 6.35-6.42 -> 5.56-5.84, 2 rows 4.88-4.95 -> 4.67-4.77.
   const uint16_t* xs[5];
   int64_t i = 0;
   while (i < m) {

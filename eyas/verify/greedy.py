@@ -44,9 +44,9 @@ def verify_greedy(
     # one host transfer, then a walk over the N nodes in Python: a draft tree has a handful of nodes, and each
     # torch op on a tensor of four elements costs more (microseconds of dispatch, cold right after the target
     # forward) than the whole walk; the rule is ``deepest_passing_path``'s
-    toks, parents, greedy = torch.stack([tree.tokens, tree.parents, target]).tolist()
-    path = deepest_accepted(toks, parents, greedy)
-    emitted = [toks[i] for i in path[1:]] + [greedy[path[-1]]]
+    toks, parents, choice = torch.stack([tree.tokens, tree.parents, target]).tolist()
+    path = deepest_accepted(toks, parents, choice)
+    emitted = [toks[i] for i in path[1:]] + [choice[path[-1]]]
     dev = logits.device
     return VerifyOutput(path=torch.tensor(path, device=dev), tokens=torch.tensor(emitted, device=dev))
 
