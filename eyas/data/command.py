@@ -58,6 +58,8 @@ def add_data_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="native: weights dtype (auto: bfloat16 where bf16 matmuls are native, a GPU or a CPU "
                         "with AVX512-BF16/AMX, else float32: bf16 GEMM cost there grows with the batch rows)")
+    p.add_argument("--device", default="auto",
+                   help="native: torch device of the target (auto: cuda where one is visible, else cpu)")
     p.add_argument("--threads", type=int, default=None,
                    help="native: torch CPU threads (default: torch's choice, one per core). On a CPU shared with "
                         "other jobs, 1 avoids OpenMP threads spinning while their peers wait for a core")
@@ -147,7 +149,25 @@ def _generator(a: argparse.Namespace, magpie=None):
                     seed=a.seed, batch_size=a.batch_size, prefill_rows=a.prefill_rows,
                     max_slots=a.max_slots)  # validate before loading
     user = magpie.sampling if magpie is not None else None
-    return NativeGenerator(eyas.load(model=a.model, drafter="none", dtype=a.dtype), cfg, user_sampling=user)
+    device = _device(a.device)
+    spec = eyas.load(model=a.model, drafter="none", dtype=a.dtype)
+    spec.target.model.to(device)
+    return NativeGenerator(spec, cfg, user_sampling=user)
+
+
+def _device(name: str):
+    """--device: 'auto' -> cuda where visible, else cpu; anything else must name a usable torch device."""
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError as e:
+        raise ValueError(f"--device {name!r} is not a torch device ({e}); use auto, cpu or cuda[:N]") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: this torch build or machine has no CUDA device; use --device cpu")
+    return dev
 
 
 def _summary(sink: Sink, seconds: float, out: OutputFile) -> None:

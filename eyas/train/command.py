@@ -43,6 +43,12 @@ def add_train_parser(sub) -> None:
     p.add_argument("--eval-tree", default=d.eval_tree)
     p.add_argument("--feature-cache", default=None,
                    help="directory of offline target features (`eyas train-cache`); default: target in the loop")
+    p.add_argument("--init-head", default=None,
+                   help="eagle3: start from this exported head (its weights and draft vocabulary; --draft-vocab "
+                        "is then ignored), e.g. to continue the shipped head on more data")
+    p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help="end this run after about SECONDS of training: the learning-rate schedule (sized by "
+                        "--epochs/--max-steps) advances by the larger of steps and elapsed time, reaching 0 on time")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: one per core; 1 on a CPU shared with other jobs)")
@@ -56,6 +62,10 @@ def cmd_train(a: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(a.threads)
+    if a.time_budget is not None and a.time_budget <= 0:
+        raise ValueError(f"--time-budget must be > 0 seconds, got {a.time_budget}")
+    if a.init_head is not None and a.kind != "eagle3":
+        raise ValueError(f"--init-head continues an EAGLE-3 head; --kind is {a.kind}")
     if a.batch_tokens < a.max_len:
         raise ValueError(f"--batch-tokens ({a.batch_tokens}) must be >= --max-len ({a.max_len})")
     cfg = TrainConfig(
@@ -64,7 +74,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         max_steps=a.max_steps, lr=a.lr, warmup_steps=a.warmup_steps, ttt_steps=a.ttt_steps,
         draft_vocab=a.draft_vocab, align_topk=a.align_topk, medusa_heads=a.medusa_heads, save_every=a.save_every,
         eval_every=a.eval_every, holdout=a.holdout, eval_tokens=a.eval_tokens, eval_tree=a.eval_tree,
-        feature_cache=a.feature_cache, seed=a.seed,
+        feature_cache=a.feature_cache, seed=a.seed, init_head=a.init_head, time_budget=a.time_budget,
     )
     train(cfg)
     return 0

@@ -158,3 +158,11 @@ def draft_vocab(examples: list[Example], vocab_size: int, size: int,
     ids = score.topk(min(size, vocab_size)).indices.sort().values
     coverage = float(counts[ids].sum() / counts.sum().clamp(min=1))
     return ids, coverage
+
+
+def vocab_coverage(examples: list[Example], vocab_size: int, ids: torch.Tensor) -> float:
+    """The share of assistant tokens of ``examples`` that the draft vocabulary ``ids`` ([Vd] target ids) holds."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for e in examples:
+        counts += torch.bincount(e.input_ids[1:][e.loss_mask[:-1]], minlength=vocab_size)
+    return float(counts[ids.cpu()].sum() / counts.sum().clamp(min=1))

@@ -143,7 +143,7 @@ class Eagle3Objective:
         b, t = batch.input_ids.shape
         pos = torch.arange(t, device=emb.device)[None].expand(b, t)
         attn = TTTAttention(head.midlayer.self_attn)
-        hid = F.linear(batch.taps.flatten(-2).to(dt) * self.tap_scale.to(dt), head.fc.weight)  # [B, T, H]
+        hid = F.linear(batch.taps.flatten(-2).to(dt) * self.tap_scale.to(emb.device, dt), head.fc.weight)  # [B, T, H]
         total = emb.new_zeros((), dtype=torch.float32)
         stats: dict[str, float] = {}
         draft_tokens = head.draft_ids()

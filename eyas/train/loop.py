@@ -59,6 +59,9 @@ class TrainConfig:
     eval_tree: str = "dynamic:8,6,32"
     seed: int = 0
     feature_cache: str | None = None  # offline target features (eyas.train.cache)
+    init_head: str | None = None  # eagle3: continue this exported head (its weights and draft vocabulary)
+    # wall-clock seconds for this run's steps: the schedule runs at max(step, time) progress and ends on time
+    time_budget: float | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -82,6 +85,18 @@ def _lr_lambda(cfg: TrainConfig, total: int):
         return 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))  # cosine to 0
 
     return f
+
+
+def _budget_step(cfg: TrainConfig, opt, sched, total: int, start: int, step: int, elapsed: float) -> int:
+    """--time-budget: the schedule's step is the larger of the step and the budget's elapsed share of the steps
+    left at this run's ``start``; the learning rate is set from it, so the cosine reaches 0 when the budget ends
+    (the run stops there). Returns that schedule step.
+    """
+    at = max(step, start + int((total - start) * min(1.0, elapsed / cfg.time_budget)))
+    f = _lr_lambda(cfg, total)
+    for group, base in zip(opt.param_groups, sched.base_lrs, strict=True):
+        group["lr"] = base * f(at)
+    return at
 
 
 def save_checkpoint(out: Path, head: nn.Module, opt, sched, state: dict) -> None:
@@ -174,8 +189,9 @@ def train(cfg: TrainConfig, log=print) -> dict:
     history = out / "train_log.jsonl"
     bar = tqdm(total=total, initial=state["step"], desc=f"train {cfg.kind}", disable=not acc.is_main_process)
     t0 = time.time() - state["seconds"]
+    t_run, start, at = time.time(), state["step"], state["step"]  # --time-budget: from this run's first step
     last_eval: tuple[int, dict] = (-1, {})
-    while state["step"] < total:
+    while max(state["step"], at) < total:
         batches = _batches(train_ex, cfg, state["epoch"], acc.process_index, acc.num_processes)
         for bi in range(state["batch"], len(batches)):
             batch = featurize([train_ex[i] for i in batches[bi]])
@@ -185,6 +201,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
             acc.clip_grad_norm_(params, cfg.grad_clip)
             opt.step()
             sched.step()
+            if cfg.time_budget:
+                at = _budget_step(cfg, opt, sched, total, start, state["step"] + 1, time.time() - t_run)
             opt.zero_grad(set_to_none=True)
             state.update(step=state["step"] + 1, batch=bi + 1, tokens=state["tokens"] + int(batch.loss_mask.sum()),
                          seconds=time.time() - t0)
@@ -194,14 +212,16 @@ def train(cfg: TrainConfig, log=print) -> dict:
             _log_step(acc, history, state, stats, sched)
             if acc.is_main_process and state["step"] % cfg.eval_every == 0:
                 last_eval = (state["step"], _evaluate(cfg, objective, target, hold_ex, state, history, log))
-            if acc.is_main_process and (state["step"] % cfg.save_every == 0 or state["step"] >= total):
+            if acc.is_main_process and (state["step"] % cfg.save_every == 0 or max(state["step"], at) >= total):
                 save_checkpoint(out, acc.unwrap_model(wrapped).head, opt, sched, state)
-            if state["step"] >= total:
+            if max(state["step"], at) >= total:
                 break
         else:
             state.update(epoch=state["epoch"] + 1, batch=0)
     bar.close()
     summary = {"steps": state["step"], "tokens": state["tokens"], "seconds": round(state["seconds"], 1)}
+    if cfg.time_budget:
+        summary["schedule_steps"] = total  # the budget compressed these into ``steps``
     if acc.is_main_process:
         done = last_eval[0] == state["step"]
         summary["eval"] = last_eval[1] if done else _evaluate(cfg, objective, target, hold_ex, state, history, log)
@@ -232,7 +252,7 @@ def _feature_source(cfg: TrainConfig, target, objective):
 def _log_step(acc, history: Path, state: dict, stats: dict, sched) -> None:
     if acc.is_main_process and (state["step"] % 10 == 0 or state["step"] == 1):
         rec = {"step": state["step"], "tokens": state["tokens"], "seconds": round(state["seconds"], 1),
-               "lr": sched.get_last_lr()[0], **{k: round(v, 4) for k, v in stats.items()}}
+               "lr": sched.optimizer.param_groups[0]["lr"], **{k: round(v, 4) for k, v in stats.items()}}
         with history.open("a") as f:
             f.write(json.dumps(rec) + "\n")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from eyas.train.dataset import Example, draft_vocab
+from eyas.train.dataset import Example, draft_vocab, vocab_coverage
 
 
 def build_objective(cfg, target, train_ex: list[Example]):
@@ -17,13 +17,20 @@ def build_objective(cfg, target, train_ex: list[Example]):
         from eyas.drafters.eagle3 import Eagle3Config, Eagle3Head
         from eyas.train.eagle3 import Eagle3LossConfig, Eagle3Objective
 
-        size = cfg.draft_vocab or tc.vocab_size
-        ids, coverage = draft_vocab(train_ex, tc.vocab_size, size)
-        head = Eagle3Head(Eagle3Config.for_target(tc, size))
-        head.set_draft_vocab(ids)
-        _init_from_target(head, target)
-        head.coverage = coverage
+        if cfg.init_head:  # continue an exported head: its draft vocabulary and taps
+            head = _load_head(cfg.init_head, target)
+            head.coverage = vocab_coverage(train_ex, tc.vocab_size, head.draft_ids())
+        else:
+            size = cfg.draft_vocab or tc.vocab_size
+            ids, coverage = draft_vocab(train_ex, tc.vocab_size, size)
+            head = Eagle3Head(Eagle3Config.for_target(tc, size))
+            head.set_draft_vocab(ids)
+            _init_from_target(head, target)
+            head.coverage = coverage
         scale = _tap_scale(target, head.cfg.aux_layers, train_ex)
+        if cfg.init_head:
+            with torch.no_grad():  # training multiplies fc's input by the scale: the same function as exported
+                head.fc.weight.div_(scale.to(head.fc.weight)[None, :])
         loss_cfg = Eagle3LossConfig(cfg.ttt_steps, cfg.decay, align_topk=cfg.align_topk)
         obj = Eagle3Objective(head.float(), target, loss_cfg, tap_scale=scale)
         obj.taps = head.cfg.aux_layers
@@ -57,6 +64,13 @@ def _tap_scale(target, taps, train_ex: list[Example], n: int = 16) -> torch.Tens
     b = collate(train_ex[:n])
     fb = TargetFeaturizer(target, taps)(b["input_ids"], b["attention_mask"], b["loss_mask"])
     return fit_tap_scale(fb.taps[fb.attention_mask].cpu())
+
+
+def _load_head(path: str, target):
+    """An exported EAGLE-3 head (eyas's, SpecForge's or speculators' layout) in fp32, trainable."""
+    from eyas.formats.eagle3 import load_eagle3
+
+    return load_eagle3(path, target.config, torch.float32).train().requires_grad_(True)
 
 
 def _inference_head(objective):

@@ -349,6 +349,20 @@ def test_command_errors_name_the_fix(tmp_path, monkeypatch) -> None:
         data_main("--prompts", "x", "--api-model", "m", "--out", str(tmp_path / "o.jsonl"))
 
 
+def test_device_option(model_dir, prompt_file, tmp_path) -> None:
+    common = ("--prompts", str(prompt_file), "--model", str(model_dir), "--dtype", "float32",
+              "--max-new-tokens", "4", "--batch-size", "3", "--limit", "2")
+    with pytest.raises(ValueError, match="not a torch device"):
+        data_main(*common, "--device", "gpu0", "--out", str(tmp_path / "a.jsonl"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device; use --device cpu"):
+            data_main(*common, "--device", "cuda", "--out", str(tmp_path / "b.jsonl"))
+    assert data_main(*common, "--device", "cpu", "--out", str(tmp_path / "c.jsonl")) == 0
+    assert data_main(*common, "--out", str(tmp_path / "d.jsonl")) == 0  # auto
+    if not torch.cuda.is_available():  # auto is the cpu here
+        assert (tmp_path / "c.jsonl").read_text() == (tmp_path / "d.jsonl").read_text()
+
+
 # ---- remote mode against a stub OpenAI server --------------------------------------------------------
 class _Stub(BaseHTTPRequestHandler):
     requests: list[dict] = []
