@@ -4,12 +4,13 @@
 #
 #   here:    split the GGUF into .carry/p1 + .carry/p2, xz the shipped data into .carry/, the gguf wheel in .whl/,
 #            the target's tokenizer files in .carry/tok/ (see docs/heads.md, "On a lent GPU", for the commands)
-#   call 1:  bash scripts/gpu_distill.sh stash     carry .carry/p1 .carry/commercial.jsonl.xz .carry/tok .whl
+#   call 1:  bash scripts/gpu_distill.sh stash     carry .carry/p1 .carry/commercial.jsonl.xz .carry/tok .carry/head .whl
 #            (keeps them in $STASH and runs the whole pipeline on a tiny random model: a smoke test)
 #   call 2:  bash scripts/gpu_distill.sh run       carry .carry/p2
 #            (data for DATA_S seconds, training for TRAIN_S seconds, everything worth keeping under $OUT)
 #
-# Environment: DATA_S (default 220), TRAIN_S (200), BATCH (1024 rows of `eyas data`), TRAIN_TOKENS (16384).
+# Environment: DATA_S (default 250), TRAIN_S (220), BATCH (1024 rows of `eyas data`), TRAIN_TOKENS (16384), LR (4e-4).
+# The shipped head (the start of training) is stashed by call 1 too, so call 2's tree can leave it out.
 set -u -o pipefail
 STASH=${STASH:-/root/eyas-stash}
 OUT=${OUT:-/tmp/eyas-out}
@@ -21,7 +22,8 @@ t0=$(date +%s)
 stamp() { echo "[gpu_distill $(( $(date +%s) - t0 ))s] $*"; }
 
 stash() {
-    mkdir -p "$STASH/tok" && cp .carry/p1 .carry/commercial.jsonl.xz "$STASH"/ && cp .carry/tok/* "$STASH/tok/" || return 1
+    mkdir -p "$STASH/tok" "$STASH/head" && cp .carry/p1 .carry/commercial.jsonl.xz "$STASH"/ || return 1
+    cp .carry/tok/* "$STASH/tok/" && cp .carry/head/* "$STASH/head/" || return 1
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$STASH/site" \
         .whl/*.whl || return 1
     xz -dc "$STASH/tok/tokenizer.json.xz" > "$STASH/tok/tokenizer.json"
@@ -72,7 +74,7 @@ run() {
     # the shipped data first: its Magpie ids are the dedupe set, so the GPU adds new requests only
     [ -s "$data" ] || xz -dc "$STASH/commercial.jsonl.xz" > "$data"
     local before; before=$(wc -l < "$data")
-    timeout -s KILL "${DATA_S:-220}" python3 -m eyas data --prompts magpie --limit 1000000 --model "$gguf" \
+    timeout -s KILL "${DATA_S:-250}" python3 -m eyas data --prompts magpie --limit 1000000 --model "$gguf" \
         --device "${DEVICE:-cuda}" --dtype bfloat16 --batch-size "${BATCH:-1024}" --prefill-rows 256 --max-slots 1024 \
         --max-new-tokens 512 --seed 1 --out "$data" 2>&1 | tr '\r' '\n' | grep -v '^ *$' | awk 'NR % 20 == 1'
     stamp "data: $before -> $(wc -l < "$data") conversations"
@@ -92,8 +94,8 @@ EOF
     head -n -1 "$data" | xz -T0 -6 > "$OUT/distill-gpu.jsonl.xz"  # the last line may be cut by the kill
     stamp "data packed: $(du -h "$OUT/distill-gpu.jsonl.xz" | cut -f1)"
     python3 -m eyas train --data "$data" --model "$gguf" --out "$run" --kind eagle3 --ttt-steps 3 \
-        --init-head eyas/heads/smollm2-135m-instruct-eagle3 --max-len 1024 --batch-tokens "${TRAIN_TOKENS:-16384}" \
-        --lr "${LR:-5e-4}" --warmup-steps 20 --epochs 4 --time-budget "${TRAIN_S:-200}" --save-every 100000 \
+        --init-head "$STASH/head" --max-len 1024 --batch-tokens "${TRAIN_TOKENS:-16384}" \
+        --lr "${LR:-4e-4}" --warmup-steps 20 --epochs 4 --time-budget "${TRAIN_S:-220}" --save-every 100000 \
         --eval-every 100000 --holdout 24 --seed 0 --target-dtype bfloat16 --mixed-precision bf16 2>&1 \
         | tr '\r' '\n' | grep -v '^ *$' | awk '/held-aside|trained|rror|Trace|^  File/ || NR % 25 == 1'
     stamp "trained"
