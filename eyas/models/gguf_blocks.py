@@ -121,16 +121,15 @@ def quantize_head_(head: nn.Module) -> int:
     Returns the number of projections; 0 where the kernel is unavailable, the head is not bf16 on a CPU,
     or ``EYAS_HEAD_Q8=0``.
     """
-    kernel = _kernel() if os.environ.get("EYAS_HEAD_Q8", "1") != "0" else None
+    mods = [m for m in head.modules() if isinstance(m, nn.Linear) and "_eyas_blocks" not in m.__dict__
+            and m.weight.dtype == torch.bfloat16 and m.weight.device.type == "cpu" and m.weight.shape[1] % 32 == 0]
+    # the kernel is compiled only where it would serve (not for a head on a GPU, nor an fp32 one)
+    kernel = _kernel() if mods and os.environ.get("EYAS_HEAD_Q8", "1") != "0" else None
     if kernel is None:
         return 0
     count = 0
-    for mod in head.modules():
-        if not isinstance(mod, nn.Linear) or "_eyas_blocks" in mod.__dict__:
-            continue
+    for mod in mods:
         w = mod.weight
-        if w.dtype != torch.bfloat16 or w.device.type != "cpu" or w.shape[1] % 32:
-            continue
         data = quantize_q8_0(w)
         with torch.no_grad():
             w.copy_(kernel.dequantize(data, _SUPPORTED["Q8_0"], w.shape[1]))
