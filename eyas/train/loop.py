@@ -87,16 +87,18 @@ def _lr_lambda(cfg: TrainConfig, total: int):
     return f
 
 
-def _budget_step(cfg: TrainConfig, opt, sched, total: int, start: int, step: int, elapsed: float) -> int:
-    """--time-budget: the schedule's step is the larger of the step and the budget's elapsed share of the steps
-    left at this run's ``start``; the learning rate is set from it, so the cosine reaches 0 when the budget ends
-    (the run stops there). Returns that schedule step.
+def _budget_step(cfg: TrainConfig, total: int, start: int, step: int, elapsed: float) -> int:
+    """--time-budget: the schedule's step, the larger of the step and the budget's elapsed share of the steps left
+    at this run's ``start``; it reaches ``total`` (the cosine's 0, where the run stops) when the budget ends.
     """
-    at = max(step, start + int((total - start) * min(1.0, elapsed / cfg.time_budget)))
+    return max(step, start + int((total - start) * min(1.0, elapsed / cfg.time_budget)))
+
+
+def _set_lr(cfg: TrainConfig, opt, sched, total: int, at: int) -> None:
+    """Every parameter group's learning rate at schedule step ``at`` (the budget's, instead of the step count)."""
     f = _lr_lambda(cfg, total)
     for group, base in zip(opt.param_groups, sched.base_lrs, strict=True):
         group["lr"] = base * f(at)
-    return at
 
 
 def save_checkpoint(out: Path, head: nn.Module, opt, sched, state: dict) -> None:
@@ -202,7 +204,10 @@ def train(cfg: TrainConfig, log=print) -> dict:
             opt.step()
             sched.step()
             if cfg.time_budget:
-                at = _budget_step(cfg, opt, sched, total, start, state["step"] + 1, time.time() - t_run)
+                at = _budget_step(cfg, total, start, state["step"] + 1, time.time() - t_run)
+                if acc.num_processes > 1:  # one schedule for all processes (their clocks differ): the furthest
+                    at = int(acc.gather(torch.tensor([at], device=acc.device)).max())
+                _set_lr(cfg, opt, sched, total, at)
             opt.zero_grad(set_to_none=True)
             state.update(step=state["step"] + 1, batch=bi + 1, tokens=state["tokens"] + int(batch.loss_mask.sum()),
                          seconds=time.time() - t0)

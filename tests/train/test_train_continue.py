@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from eyas.cli import main
-from eyas.train.loop import TrainConfig, _budget_step
+from eyas.train.loop import TrainConfig, _budget_step, _set_lr
 
 pytestmark = pytest.mark.slow
 
@@ -72,8 +72,10 @@ def test_budget_step_follows_the_larger_of_steps_and_time():
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    assert _budget_step(cfg, opt, sched, total=1000, start=0, step=10, elapsed=50.0) == 500  # half the time
+    assert _budget_step(cfg, total=1000, start=0, step=10, elapsed=50.0) == 500  # half the time: half the schedule
+    _set_lr(cfg, opt, sched, 1000, 500)
     assert opt.param_groups[0]["lr"] == pytest.approx(0.5)  # cosine at its midpoint
-    assert _budget_step(cfg, opt, sched, total=1000, start=0, step=700, elapsed=50.0) == 700  # steps ahead
-    assert _budget_step(cfg, opt, sched, total=1000, start=200, step=201, elapsed=100.0) == 1000  # resumed, spent
+    assert _budget_step(cfg, total=1000, start=0, step=700, elapsed=50.0) == 700  # steps ahead of the clock
+    assert _budget_step(cfg, total=1000, start=200, step=201, elapsed=100.0) == 1000  # a resumed run, spent
+    _set_lr(cfg, opt, sched, 1000, 1000)
     assert opt.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
