@@ -197,6 +197,7 @@ def load(
     tree: str | None = None,
     exact: bool | None = None,
     quantize: str | None = None,
+    device: str | None = None,
     **drafter_options,
 ) -> Speculator:
     """Load a target (embedded default when ``model`` is None) and a drafter by name or path.
@@ -204,7 +205,7 @@ def load(
     ``exact=None`` turns batch-invariant verification on for bfloat16/float16 and off for float32.
     ``quantize="int8"``: weight-only int8 target (changes its outputs; speculation stays lossless w.r.t. it).
     """
-    target = load_target(model, dtype, backend, quantize)
+    target = load_target(model, dtype, backend, quantize, device)
     spec = DrafterSpec(drafter, tree=tree, options=drafter_options)
     choice = size_tree_for(target, spec, exact)  # a tree sized to this machine, unless --tree is given
     if choice is not None:

@@ -20,7 +20,7 @@ STASH=${STASH:-/root/eyas-stash}
 OUT=${OUT:-/tmp/eyas-out}
 WORK=${WORK:-/tmp/eyas-work}
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-export PYTHONUNBUFFERED=1 EYAS_CACHE=$WORK/cache PYTHONPATH=$STASH/site:$PWD EYAS_GGUF_BLOCKS=0
+export PYTHONUNBUFFERED=1 EYAS_CACHE=$WORK/cache PYTHONPATH=$STASH/site:$PWD
 t0=$(date +%s)
 stamp() { echo "[gpu_distill $(( $(date +%s) - t0 ))s] $*"; }
 
@@ -120,7 +120,7 @@ for i, line in enumerate(open(sys.argv[1])):
         continue
     if i >= int(sys.argv[2]):
         n += 1
-        tok += sum(t.get("completion_tokens", 0) for t in [r.get("usage", {})])
+        tok += r.get("usage", {}).get("completion_tokens", 0)
 print(json.dumps({"new_conversations": n, "new_assistant_tokens": tok}))
 EOF
     head -n -1 "$data" | xz -T0 -6 > "$OUT/distill-gpu.jsonl.xz"  # the last line may be cut by the kill

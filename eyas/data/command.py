@@ -149,9 +149,7 @@ def _generator(a: argparse.Namespace, magpie=None):
                     seed=a.seed, batch_size=a.batch_size, prefill_rows=a.prefill_rows,
                     max_slots=a.max_slots)  # validate before loading
     user = magpie.sampling if magpie is not None else None
-    device = _device(a.device)
-    spec = eyas.load(model=a.model, drafter="none", dtype=a.dtype)
-    spec.target.model.to(device)
+    spec = eyas.load(model=a.model, drafter="none", dtype=a.dtype, device=_device(a.device))
     return NativeGenerator(spec, cfg, user_sampling=user)
 
 

@@ -190,19 +190,25 @@ def native_from_hf_model(hf_model, dtype: torch.dtype | None = None) -> NativeLl
 
 
 def load_target(spec: str | None = None, dtype="float32", backend: str = "native",
-                quantize: str | None = None) -> LoadedTarget:
+                quantize: str | None = None, device: str | torch.device | None = None) -> LoadedTarget:
     """Load a target and its tokenizer. backend: 'native' (fast) or 'hf' (any causal LM).
 
     quantize: None / "none", or "int8" (weight-only, native backend; changes the model's outputs).
+    device: where the native model lives (default: the CPU); it moves there before the CPU-only steps, so a GPU
+    target neither compiles nor attaches the CPU kernels' GGUF blocks.
     """
     if quantize not in (None, "none") and backend != "native":
         raise ModelLoadError(f"--quantize {quantize} needs the native backend (got --backend {backend})")
+    if device is not None and torch.device(device).type != "cpu" and backend != "native":
+        raise ModelLoadError(f"a target on {device} needs the native backend (got --backend {backend})")
     from transformers import AutoTokenizer
 
     d = resolve_model_dir(spec)
     dt = parse_dtype(dtype)
     if backend == "native":
         model = native_from_dir(d, dt)
+        if device is not None:
+            model.to(device)
         if quantize not in (None, "none"):
             try:
                 model.quantize_(quantize)

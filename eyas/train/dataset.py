@@ -149,10 +149,7 @@ def token_batches(examples: list[Example], max_tokens: int, seed: int) -> list[l
 def draft_vocab(examples: list[Example], vocab_size: int, size: int,
                 always: list[int] = ()) -> tuple[torch.Tensor, float]:
     """Most frequent assistant tokens -> ([size] sorted target ids, coverage of assistant tokens)."""
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for e in examples:
-        nxt = e.input_ids[1:][e.loss_mask[:-1]]
-        counts += torch.bincount(nxt, minlength=vocab_size)
+    counts = _assistant_counts(examples, vocab_size)
     score = counts.float()
     score[torch.as_tensor(list(always), dtype=torch.long)] = float("inf")
     ids = score.topk(min(size, vocab_size)).indices.sort().values
@@ -162,7 +159,13 @@ def draft_vocab(examples: list[Example], vocab_size: int, size: int,
 
 def vocab_coverage(examples: list[Example], vocab_size: int, ids: torch.Tensor) -> float:
     """The share of assistant tokens of ``examples`` that the draft vocabulary ``ids`` ([Vd] target ids) holds."""
+    counts = _assistant_counts(examples, vocab_size)
+    return float(counts[ids.cpu()].sum() / counts.sum().clamp(min=1))
+
+
+def _assistant_counts(examples: list[Example], vocab_size: int) -> torch.Tensor:
+    """[vocab_size] long: how often each token is an assistant token (a label) in ``examples``."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for e in examples:
         counts += torch.bincount(e.input_ids[1:][e.loss_mask[:-1]], minlength=vocab_size)
-    return float(counts[ids.cpu()].sum() / counts.sum().clamp(min=1))
+    return counts

