@@ -4,7 +4,10 @@ The target answers the tuning questions greedily; then, at every answer position
 along the target's own continuation (training-time-test unroll, eyas.train.eagle3: step k reads the
 true token and the head's previous output, exactly what the drafter does at depth k + 1 of a tree
 whose path so far is correct). rank_accept[d][r] = P(the target's token at depth d + 1 is the head's
-rank-r proposal | the ranks above were all < R). Writes HEAD/profile.json, which eyas.autotree reads.
+rank-r proposal | the ranks above were all < R). Then the drafter itself (bf16 kernels and all) is replayed
+over the same texts for every EAGLE-2 tree shape (eyas.tree_replay): ``tree_tau``, the tokens per step each
+(top_k, depth, total) yields, which the sizer uses in place of the rank model. Writes HEAD/profile.json,
+which eyas.autotree reads.
 Tune on the training distribution only (scripts/tune_questions.py), never on evaluation prompts.
 
 python scripts/tune_questions.py --out /tmp/tune.jsonl
@@ -48,6 +51,22 @@ def ranks_along(target, head, ids: torch.Tensor, depths: int) -> torch.Tensor:
     return torch.stack(rows)
 
 
+def replay_trees(target, head_dir: Path, texts, top_ks, depth: int, max_total: int) -> dict:
+    """τ of every (top_k, depth, total) tree: the real drafter replayed over the texts (eyas.tree_replay)."""
+    from tqdm import tqdm
+
+    from eyas.drafters.eagle3 import Eagle3Drafter
+    from eyas.tree_replay import ReplayConfig, max_candidates, replay_text, tree_taus
+
+    cfg = ReplayConfig(top_ks=top_ks, max_depth=depth, max_total=max_total)
+    tables = {}
+    for k in tqdm(top_ks, desc="replaying trees by top-k"):
+        total = min(max_candidates(k, depth), max_total)
+        drafter = Eagle3Drafter(target_model=target, path=head_dir, tree=f"dynamic:{k},{depth},{total}")
+        tables[k] = [replay_text(target, drafter, ids, p, cfg) for ids, p in texts]
+    return tree_taus(tables, cfg)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--head", required=True)
@@ -58,6 +77,8 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--out", default=None, help="default: HEAD/profile.json")
+    ap.add_argument("--top-ks", default="1,2,3,4,6,8", help="top-k values whose trees are replayed")
+    ap.add_argument("--max-total", type=int, default=63, help="largest tree replayed (draft tokens)")
     a = ap.parse_args()
     import eyas
     from eyas.autotree import weights_digest
@@ -69,10 +90,12 @@ def main() -> None:
     qs = [json.loads(line)["turns"][0] for line in open(a.questions)][: a.limit]
     hits = torch.zeros(a.depths, a.ranks)
     seen = torch.zeros(a.depths)
+    texts = []
     for q in qs:
         prompt = spec.encode(q)
         answer = spec.generate(q, max_new_tokens=a.max_new_tokens, speculate=False).token_ids
         ids = torch.cat([prompt, torch.tensor(answer, dtype=torch.long)])
+        texts.append((ids, prompt.shape[0]))
         ranks = ranks_along(target, head, ids, a.depths)  # [depths, T]
         n = ids.shape[0]
         for t in range(prompt.shape[0] - 1, n - 2):  # the head at t drafts x[t + 2 ...] (x[t + 1] = the root)
@@ -83,14 +106,18 @@ def main() -> None:
                     break  # off the tree: deeper depths are not conditioned on a drafted path
                 hits[k, r] += 1
     profile = (hits / seen.clamp(min=1)[:, None]).tolist()
+    tree_tau = replay_trees(target, Path(a.head), texts, tuple(int(k) for k in a.top_ks.split(",")), a.depths,
+                            a.max_total)
     out = Path(a.out or Path(a.head) / "profile.json")
     out.write_text(json.dumps({
         "rank_accept": [[round(p, 4) for p in row] for row in profile],
         "weights": weights_digest(Path(a.head)),  # eyas.autotree ignores the profile once the weights change
         "positions_per_depth": seen.long().tolist(),
+        "tree_tau": {f"{k},{d},{t}": round(v, 4) for (k, d, t), v in tree_tau.items()},
         "measured_on": f"{len(qs)} questions of {a.questions}, {a.max_new_tokens} greedy tokens, target {a.dtype}",
         "command": "python scripts/acceptance_profile.py --head HEAD --questions tune.jsonl "
-                   f"--limit {a.limit} --max-new-tokens {a.max_new_tokens} --dtype {a.dtype}",
+                   f"--limit {a.limit} --max-new-tokens {a.max_new_tokens} --dtype {a.dtype} --top-ks {a.top_ks} "
+                   f"--max-total {a.max_total}",
     }, indent=1) + "\n")
     print(out.read_text())
 

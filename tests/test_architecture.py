@@ -34,6 +34,8 @@ LAYERS: dict[str, int] = {
     # compiled CPU kernels (exact mode's tree attention), built on first use; the native model calls them
     "kernels": 2,
     "drafters": 2,
+    # tau of every EAGLE-2 tree shape, replaying a drafter over greedy texts (the sizer's measured profile)
+    "tree_replay": 2,
     # checkpoint layouts of other engines (EAGLE-1/3, Medusa, speculators) <-> eyas heads
     "formats": 2,
     "decode": 3,

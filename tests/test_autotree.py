@@ -168,3 +168,17 @@ def test_a_profile_measured_for_other_weights_is_ignored(tmp_path):
     assert autotree.load_profile(tmp_path) == AcceptanceProfile(PROFILE)
     (tmp_path / "model.safetensors").write_bytes(b"weights v2, retrained")
     assert autotree.load_profile(tmp_path) is None
+
+
+def test_a_profile_carries_its_measured_tree_tau(tmp_path):
+    f = tmp_path / "profile.json"
+    f.write_text(json.dumps({"rank_accept": PROFILE, "tree_tau": {"2,2,3": 2.1, "1,1,1": 1.4}}))
+    assert autotree.load_profile(tmp_path).tree_tau == {(2, 2, 3): 2.1, (1, 1, 1): 1.4}
+
+
+def test_step_costs_never_fall_with_width(llama, monkeypatch):
+    monkeypatch.setattr(autotree, "CONTEXT", 12)
+    times = iter([0.2] * 4 + [0.9] * 4 + [0.5] * 4 + [1.0] * 4)  # warm-up (dropped), then widths 1, 3, 8
+    monkeypatch.setattr(autotree, "_step_times", lambda dec, prompt: [next(times) for _ in range(4)])
+    cost = autotree.measure_step_costs(llama, False, widths=(1, 3, 8), steps=3, rounds=1)
+    assert cost == {1: 0.9, 3: 0.9, 8: 1.0}

@@ -14,6 +14,12 @@ scores: the root's top-k children, then ``depth - 1`` expansions of the k best n
 last level, k children each; the ``total`` best candidates are kept (ancestor-closed, since
 probabilities never grow along a path). ``predicted_tau`` mirrors exactly that.
 
+**Measured τ by tree.** That model averages away what a dynamic tree is for (the real head spends
+its nodes where *this* step is uncertain), so it under-predicts trees with ``top_k > 1`` and gets
+chains right. A profile can carry ``tree_tau``: τ of each (top_k, depth, total) replayed from the
+drafter itself over greedy texts (``eyas.tree_replay``). When present, it is used as it stands and
+the search covers exactly its trees.
+
 **Cost of a step** (seconds)::
 
     step(k, depth, total) = forward(total + 1)                       verify forward, root included
@@ -38,8 +44,15 @@ class AcceptanceProfile:
 
     # [depth][rank] probability, rows for depth 1, 2, ...; each row sums to <= 1
     rank_accept: list[list[float]]
+    # (top_k, depth, total) -> measured tokens per step (eyas.tree_replay); None: the model above only
+    tree_tau: dict[tuple[int, int, int], float] | None = None
 
     def __post_init__(self) -> None:
+        if self.tree_tau is not None:
+            self.tree_tau = {tuple(int(x) for x in k): float(v) for k, v in self.tree_tau.items()} or None
+            bad = [k for k, v in (self.tree_tau or {}).items() if len(k) != 3 or min(k) < 1 or v < 1]
+            if bad:
+                raise ValueError(f"tree_tau needs (top_k, depth, total) >= 1 keys and tau >= 1, got {bad[:3]}")
         rows = self.rank_accept = [[float(p) for p in row] for row in self.rank_accept]
         if not rows or not all(rows):
             raise ValueError("an acceptance profile needs at least one depth with at least one rank")
@@ -68,6 +81,7 @@ class TreeChoice:
     predicted_tok_s: float
     plain_tok_s: float  # plain decoding on the same cost table
     step_ms: float  # predicted seconds per speculative step, in ms
+    tau_source: str = "model"  # "measured": the profile's tree_tau (eyas.tree_replay); "model": rank_accept
 
     @property
     def spec(self) -> str:
@@ -119,8 +133,27 @@ def candidate_probs(profile: AcceptanceProfile, top_k: int, depth: int) -> list[
 
 
 def predicted_tau(profile: AcceptanceProfile, top_k: int, depth: int, total: int) -> float:
-    """Expected tokens per step of the EAGLE-2 tree (top_k, depth, total) under ``profile``."""
+    """Expected tokens per step of the EAGLE-2 tree (top_k, depth, total) under ``profile``: its
+    measured τ where the profile has one, else the independent-depth model.
+    """
+    if profile.tree_tau and (top_k, depth, total) in profile.tree_tau:
+        return profile.tree_tau[top_k, depth, total]
     return 1.0 + sum(candidate_probs(profile, top_k, depth)[:total])
+
+
+def _trees(profile: AcceptanceProfile, max_top_k: int, max_nodes: int):
+    """(top_k, depth, total, tau) of every tree searched, smaller trees first within each (top_k, depth)."""
+    if profile.tree_tau:
+        for (k, depth, total), tau in sorted(profile.tree_tau.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2])):
+            if k <= max_top_k and total + 1 <= max_nodes:
+                yield k, depth, total, tau
+        return
+    for depth in range(1, len(profile.rank_accept) + 1):
+        for k in range(1, max_top_k + 1):
+            tau = 1.0
+            for total, pr in enumerate(candidate_probs(profile, k, depth)[: max_nodes - 1], start=1):
+                tau += pr
+                yield k, depth, total, tau
 
 
 def choose_tree(cost: dict[int, float], draft: DraftCost, profile: AcceptanceProfile,
@@ -140,20 +173,16 @@ def choose_tree(cost: dict[int, float], draft: DraftCost, profile: AcceptancePro
     """
     max_nodes = max_nodes or max(cost)
     best: tuple[float, int, int, int, float, float] | None = None
-    for depth in range(1, len(profile.rank_accept) + 1):
-        for k in range(1, max_top_k + 1):
-            probs = candidate_probs(profile, k, depth)
-            drafting = draft.per_step + (depth - 1) * (draft.per_level + k * draft.per_node)
-            tau = 1.0
-            for total, pr in enumerate(probs[: max_nodes - 1], start=1):
-                tau += pr
-                step = interpolate(cost, total + 1) + drafting
-                rate = (tau + (interpolate(extra_tau, total + 1) if extra_tau else 0.0)) / step
-                # strictly better only: loops run small to large, so ties keep the smaller tree
-                if best is None or rate > best[0] * (1 + 1e-9):
-                    best = (rate, k, depth, total, rate * step, step)
+    for k, depth, total, tau in _trees(profile, max_top_k, max_nodes):
+        drafting = draft.per_step + (depth - 1) * (draft.per_level + k * draft.per_node)
+        step = interpolate(cost, total + 1) + drafting
+        rate = (tau + (interpolate(extra_tau, total + 1) if extra_tau else 0.0)) / step
+        # strictly better only: trees come small to large, so ties keep the smaller tree
+        if best is None or rate > best[0] * (1 + 1e-9):
+            best = (rate, k, depth, total, rate * step, step)
     if best is None:
         raise ValueError(f"no tree fits max_nodes={max_nodes}")
     rate, k, depth, total, tau, step = best
     return TreeChoice(top_k=k, depth=depth, total_tokens=total, predicted_tau=tau, predicted_tok_s=rate,
-                      plain_tok_s=1.0 / interpolate(cost, 1), step_ms=1000 * step)
+                      plain_tok_s=1.0 / interpolate(cost, 1), step_ms=1000 * step,
+                      tau_source="measured" if profile.tree_tau else "model")

@@ -119,3 +119,26 @@ def test_extra_tau_of_a_second_source_counts_and_can_grow_the_tree():
     head = predicted_tau(REAL, both.top_k, both.depth, both.total_tokens)
     assert both.predicted_tau == pytest.approx(head + interpolate(extra, n))
     assert choose_tree(BF16, draft, REAL, max_nodes=33, extra_tau=None) == alone
+
+
+def test_measured_tree_tau_replaces_the_model_and_bounds_the_search():
+    """A profile with tree_tau: its τ as it stands, only its trees searched, chosen deterministically."""
+    draft = DraftCost(per_step=0.0002, per_level=0.0007, per_node=0.0002)
+    cost = {1: 0.0066, 2: 0.0070, 3: 0.0071, 4: 0.0075, 6: 0.0086}
+    # a chain the rank model would pick, and a top-2 tree that really yields more (the dynamic tree's gain)
+    measured = {(1, 2, 2): 1.85, (2, 2, 3): 2.11, (2, 2, 5): 2.2}
+    model_only = AcceptanceProfile(REAL.rank_accept)
+    with_table = AcceptanceProfile(REAL.rank_accept, tree_tau=measured)
+    assert predicted_tau(with_table, 2, 2, 3) == 2.11
+    assert predicted_tau(with_table, 3, 2, 3) == predicted_tau(model_only, 3, 2, 3)  # not measured: the model
+    a = choose_tree(cost, draft, with_table, max_nodes=6)
+    assert (a.top_k, a.depth, a.total_tokens) == (2, 2, 3) and a.predicted_tau == 2.11
+    step = interpolate(cost, 4) + 0.0002 + (0.0007 + 2 * 0.0002)
+    assert a.predicted_tok_s == pytest.approx(2.11 / step)
+    assert a == choose_tree(cost, draft, AcceptanceProfile(REAL.rank_accept, tree_tau=dict(reversed(measured.items()))),
+                            max_nodes=6)
+    # only measured trees, and only those that fit: with 4 nodes at most, (2, 2, 5) is out
+    assert choose_tree(cost, draft, with_table, max_nodes=4).spec in ("dynamic:1,2,2", "dynamic:2,2,3")
+    assert choose_tree({**cost, 6: 0.0072}, draft, with_table, max_nodes=6).spec == "dynamic:2,2,5"
+    with pytest.raises(ValueError, match="tree_tau"):
+        AcceptanceProfile(REAL.rank_accept, tree_tau={(0, 2, 2): 1.5})

@@ -1,0 +1,139 @@
+"""Measured τ of every EAGLE-2 tree shape, by replaying a drafter over the target's own greedy texts.
+
+The tree sizer (``eyas.tree.sizing``) needs the tokens a step yields for each (top_k, depth, total).
+A model of it from per-depth, per-rank acceptance (depths independent, ranks averaged) misses what
+makes EAGLE-2 trees work: the head spends its nodes where *this* step is uncertain. On the shipped
+head that model predicted τ 1.96 for ``dynamic:2,2,3`` against 2.11 measured on MT-bench, and got
+chains right, so the sizer picked chains that lost.
+
+This module measures instead. For a greedy text (prompt + the target's greedy answer) the target's
+features at every position come from one forward; the real drafter (the same class, weights and
+kernels decoding uses) is then fed the text one token at a time, and at every answer position it
+drafts its full candidate set for the largest tree of each top-k. Greedy verification accepts the
+longest drafted path that matches the text, so each tree's accepted length follows from the
+candidates alone:
+
+* a smaller ``depth`` keeps the first levels of the same expansion (frontiers depend only on the
+  levels above them);
+* a smaller ``total`` keeps a prefix of the same ranking (a parent ranks before its children,
+  ``eyas.tree.dynamic``), so a path node is in the tree iff its rank is below ``total``.
+
+τ of a tree is then replayed as decoding runs it: from the first answer token, each step moves by
+its accepted length plus one. Lossless decoding makes the text the same whatever the tree, so the
+replay is exact up to the drafter's own rounding (features from one forward, not step by step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from eyas.drafters.base import TargetFeatures
+from eyas.tree.dynamic import DynamicTreeBuilder
+
+
+@dataclass
+class ReplayConfig:
+    """Which trees to measure: every (k, depth, total) with k in ``top_ks``, depth <= ``max_depth``,
+    total <= min(candidates, ``max_total``).
+    """
+
+    top_ks: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
+    max_depth: int = 6
+    max_total: int = 63
+
+
+def path_ranks(builder: DynamicTreeBuilder, truth: list[int], max_depth: int) -> list[list[int]]:
+    """ranks[d - 1][j]: rank of the true path's node at depth j + 1 among the candidates of depth <= d.
+
+    ``truth`` is the text after the root; the true path follows it while the candidates contain the
+    next token under the current node. Ranks follow ``DynamicTreeBuilder.finish`` (key, then slot).
+    Pure bookkeeping over the builder's lists.
+    """
+    tok, par, key, dep = builder._tok, builder._par, builder._key, builder._depth
+    children: dict[tuple[int, int], int] = {(par[s], tok[s]): s for s in range(1, len(tok))}
+    path, node = [], 0
+    for t in truth[:max_depth]:
+        node = children.get((node, t), -1)
+        if node < 0:
+            break
+        path.append(node)
+    order = sorted(range(1, len(tok)), key=lambda i: (-key[i], i))
+    out = []
+    for d in range(1, max_depth + 1):
+        rank, r = {}, 0
+        for s in order:
+            if dep[s] <= d:
+                rank[s] = r
+                r += 1
+        out.append([rank[s] for s in path[:d]])
+    return out
+
+
+def accepted_table(ranks: list[list[int]], max_total: int) -> np.ndarray:
+    """[max_depth, max_total] int8: accepted drafts of the tree keeping depth <= d and the best t candidates."""
+    acc = np.zeros((len(ranks), max_total), dtype=np.int8)
+    for d, rs in enumerate(ranks):
+        for r in rs:  # ranks grow along the path: node j is kept for every total > its rank
+            if r < max_total:
+                acc[d, r:] += 1
+    return acc
+
+
+@torch.inference_mode()
+def replay_text(target, drafter, ids: torch.Tensor, prompt_len: int, cfg: ReplayConfig) -> np.ndarray:
+    """[answer positions, max_depth, max_total] accepted drafts at each root position of one text.
+
+    ``drafter`` is an EAGLE-style drafter whose expansion is ``dynamic:K,max_depth,T`` (any K, T; T its largest
+    total); ``ids`` [n] = prompt (``prompt_len`` tokens) + the target's greedy answer.
+    """
+    n = ids.shape[0]
+    out = target.forward(ids[None], torch.arange(n)[None], target.new_cache(1, n), 0, None, drafter.taps)
+
+    def feats(a: int, b: int) -> TargetFeatures:
+        return TargetFeatures(hidden=out.hidden[0, a:b], taps={k: v[0, a:b] for k, v in out.taps.items()})
+
+    drafter.start(n + 1)
+    drafter.extend(ids[1 : prompt_len + 1], feats(0, prompt_len))  # root: the first answer token
+    truth = ids.tolist()
+    rows = []
+    for j in range(prompt_len, n - 1):
+        drafter.draft_candidates(ids[: j + 1])
+        ranks = path_ranks(drafter.expansion.builder, truth[j + 1 :], cfg.max_depth)
+        rows.append(accepted_table(ranks, cfg.max_total))
+        drafter.extend(ids[j + 1 : j + 2], feats(j, j + 1))
+    return np.stack(rows) if rows else np.zeros((0, cfg.max_depth, cfg.max_total), dtype=np.int8)
+
+
+def trajectory_tau(acc: np.ndarray) -> tuple[int, int]:
+    """(tokens, steps) decoding one text with one tree: acc [positions] accepted drafts at each root position.
+
+    Position 0 is the first answer token (sampled by prefill, not a step); a step at position j
+    commits acc[j] drafts and one more token, never past the text's end.
+    """
+    n, j, tokens, steps = acc.shape[0], 0, 0, 0
+    while j < n:
+        new = min(int(acc[j]) + 1, n - j)
+        tokens, steps, j = tokens + new, steps + 1, j + new
+    return tokens, steps
+
+
+def max_candidates(top_k: int, depth: int) -> int:
+    return top_k + (depth - 1) * top_k * top_k
+
+
+def tree_taus(tables: dict[int, list[np.ndarray]], cfg: ReplayConfig) -> dict[tuple[int, int, int], float]:
+    """τ (tokens per step, 1 + accepted) of every tree, from each top-k's per-text tables (``replay_text``)."""
+    taus = {}
+    for k, texts in tables.items():
+        for d in range(1, cfg.max_depth + 1):
+            for t in range(1, min(max_candidates(k, d), cfg.max_total) + 1):
+                tokens = steps = 0
+                for acc in texts:
+                    a, s = trajectory_tau(acc[:, d - 1, t - 1])
+                    tokens, steps = tokens + a, steps + s
+                if steps:
+                    taus[k, d, t] = tokens / steps
+    return taus
