@@ -1,10 +1,11 @@
 """Measured τ of every EAGLE-2 tree shape, by replaying a drafter over the target's own greedy texts.
 
 The tree sizer (``eyas.tree.sizing``) needs the tokens a step yields for each (top_k, depth, total).
-A model of it from per-depth, per-rank acceptance (depths independent, ranks averaged) misses what
-makes EAGLE-2 trees work: the head spends its nodes where *this* step is uncertain. On the shipped
-head that model predicted τ 1.96 for ``dynamic:2,2,3`` against 2.11 measured on MT-bench, and got
-chains right, so the sizer picked chains that lost.
+A model of it from per-depth, per-rank acceptance (depths independent, ranks averaged, every position
+weighted alike) runs high, and most for chains: on the shipped head's 24 tuning questions it predicted
+τ 1.89 / 2.06 for ``dynamic:1,2,2`` / ``1,3,3`` against 1.79 / 1.94 replayed, and 2.00 against 1.94
+for ``dynamic:2,2,3``, where a dynamic tree spends its nodes where *this* step is uncertain. The sizer
+then picked a chain that lost (1.36× against 1.41× for ``dynamic:2,2,3`` on MT-bench).
 
 This module measures instead. For a greedy text (prompt + the target's greedy answer) the target's
 features at every position come from one forward; the real drafter (the same class, weights and
