@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from eyas.drafters.base import TargetFeatures
-from eyas.tree.dynamic import DynamicTreeBuilder
+from eyas.tree.dynamic import DynamicTreeBuilder, DynamicTreeConfig
 
 
 @dataclass
@@ -50,10 +50,13 @@ def path_ranks(builder: DynamicTreeBuilder, truth: list[int], max_depth: int) ->
     """ranks[d - 1][j]: rank of the true path's node at depth j + 1 among the candidates of depth <= d.
 
     ``truth`` is the text after the root; the true path follows it while the candidates contain the
-    next token under the current node. Ranks follow ``DynamicTreeBuilder.finish`` (key, then slot).
+    next token under the current node. Ranks follow ``DynamicTreeBuilder.ranking`` (what ``finish`` keeps).
     Pure bookkeeping over the builder's lists.
     """
-    tok, par, key, dep = builder._tok, builder._par, builder._key, builder._depth
+    tok, par, _ = builder.candidates()
+    depth = [0] * len(tok)
+    for s in range(1, len(tok)):  # a parent's slot is below its children's
+        depth[s] = depth[par[s]] + 1
     children: dict[tuple[int, int], int] = {(par[s], tok[s]): s for s in range(1, len(tok))}
     path, node = [], 0
     for t in truth[:max_depth]:
@@ -61,14 +64,10 @@ def path_ranks(builder: DynamicTreeBuilder, truth: list[int], max_depth: int) ->
         if node < 0:
             break
         path.append(node)
-    order = sorted(range(1, len(tok)), key=lambda i: (-key[i], i))
+    order = builder.ranking()
     out = []
     for d in range(1, max_depth + 1):
-        rank, r = {}, 0
-        for s in order:
-            if dep[s] <= d:
-                rank[s] = r
-                r += 1
+        rank = {s: r for r, s in enumerate(s for s in order if depth[s] <= d)}
         out.append([rank[s] for s in path[:d]])
     return out
 
@@ -83,29 +82,43 @@ def accepted_table(ranks: list[list[int]], max_total: int) -> np.ndarray:
     return acc
 
 
+def replay_tree(top_k: int, cfg: ReplayConfig) -> str:
+    """The --tree of the drafter replayed for ``top_k``: the deepest expansion, its largest total (any total
+    drafts the same candidates; ``finish`` is never called).
+    """
+    most = DynamicTreeConfig(top_k=top_k, depth=cfg.max_depth, total_tokens=1).max_candidates
+    return f"dynamic:{top_k},{cfg.max_depth},{min(most, cfg.max_total)}"
+
+
 @torch.inference_mode()
-def replay_text(target, drafter, ids: torch.Tensor, prompt_len: int, cfg: ReplayConfig) -> np.ndarray:
+def text_features(target, ids: torch.Tensor, taps: tuple[int, ...]) -> TargetFeatures:
+    """The target's features at every position of ``ids`` [n], from one forward (what ``replay_text`` feeds)."""
+    n = ids.shape[0]
+    out = target.forward(ids[None], torch.arange(n)[None], target.new_cache(1, n), 0, None, taps)
+    return TargetFeatures(hidden=out.hidden[0], taps={k: v[0] for k, v in out.taps.items()})
+
+
+@torch.inference_mode()
+def replay_text(drafter, ids: torch.Tensor, prompt_len: int, feats: TargetFeatures, cfg: ReplayConfig) -> np.ndarray:
     """[answer positions, max_depth, max_total] accepted drafts at each root position of one text.
 
-    ``drafter`` is an EAGLE-style drafter whose expansion is ``dynamic:K,max_depth,T`` (any K, T; T its largest
-    total); ``ids`` [n] = prompt (``prompt_len`` tokens) + the target's greedy answer.
+    ``drafter``: an EAGLE-style drafter built with ``replay_tree(k, cfg)``; ``ids`` [n] = prompt
+    (``prompt_len`` tokens) + the target's greedy answer; ``feats``: ``text_features`` of ``ids``.
     """
+    def rows(a: int, b: int) -> TargetFeatures:
+        return TargetFeatures(hidden=feats.hidden[a:b], taps={k: v[a:b] for k, v in feats.taps.items()})
+
     n = ids.shape[0]
-    out = target.forward(ids[None], torch.arange(n)[None], target.new_cache(1, n), 0, None, drafter.taps)
-
-    def feats(a: int, b: int) -> TargetFeatures:
-        return TargetFeatures(hidden=out.hidden[0, a:b], taps={k: v[0, a:b] for k, v in out.taps.items()})
-
     drafter.start(n + 1)
-    drafter.extend(ids[1 : prompt_len + 1], feats(0, prompt_len))  # root: the first answer token
+    drafter.extend(ids[1 : prompt_len + 1], rows(0, prompt_len))  # root: the first answer token
     truth = ids.tolist()
-    rows = []
+    tables = []
     for j in range(prompt_len, n - 1):
         drafter.draft_candidates(ids[: j + 1])
         ranks = path_ranks(drafter.expansion.builder, truth[j + 1 :], cfg.max_depth)
-        rows.append(accepted_table(ranks, cfg.max_total))
-        drafter.extend(ids[j + 1 : j + 2], feats(j, j + 1))
-    return np.stack(rows) if rows else np.zeros((0, cfg.max_depth, cfg.max_total), dtype=np.int8)
+        tables.append(accepted_table(ranks, cfg.max_total))
+        drafter.extend(ids[j + 1 : j + 2], rows(j, j + 1))
+    return np.stack(tables) if tables else np.zeros((0, cfg.max_depth, cfg.max_total), dtype=np.int8)
 
 
 def trajectory_tau(acc: np.ndarray) -> tuple[int, int]:
@@ -121,16 +134,13 @@ def trajectory_tau(acc: np.ndarray) -> tuple[int, int]:
     return tokens, steps
 
 
-def max_candidates(top_k: int, depth: int) -> int:
-    return top_k + (depth - 1) * top_k * top_k
-
-
 def tree_taus(tables: dict[int, list[np.ndarray]], cfg: ReplayConfig) -> dict[tuple[int, int, int], float]:
     """τ (tokens per step, 1 + accepted) of every tree, from each top-k's per-text tables (``replay_text``)."""
     taus = {}
     for k, texts in tables.items():
         for d in range(1, cfg.max_depth + 1):
-            for t in range(1, min(max_candidates(k, d), cfg.max_total) + 1):
+            most = DynamicTreeConfig(top_k=k, depth=d, total_tokens=1).max_candidates
+            for t in range(1, min(most, cfg.max_total) + 1):
                 tokens = steps = 0
                 for acc in texts:
                     a, s = trajectory_tau(acc[:, d - 1, t - 1])

@@ -56,14 +56,15 @@ def replay_trees(target, head_dir: Path, texts, top_ks, depth: int, max_total: i
     from tqdm import tqdm
 
     from eyas.drafters.eagle3 import Eagle3Drafter
-    from eyas.tree_replay import ReplayConfig, max_candidates, replay_text, tree_taus
+    from eyas.tree_replay import ReplayConfig, replay_text, replay_tree, text_features, tree_taus
 
     cfg = ReplayConfig(top_ks=top_ks, max_depth=depth, max_total=max_total)
-    tables = {}
-    for k in tqdm(top_ks, desc="replaying trees by top-k"):
-        total = min(max_candidates(k, depth), max_total)
-        drafter = Eagle3Drafter(target_model=target, path=head_dir, tree=f"dynamic:{k},{depth},{total}")
-        tables[k] = [replay_text(target, drafter, ids, p, cfg) for ids, p in texts]
+    drafters = {k: Eagle3Drafter(target_model=target, path=head_dir, tree=replay_tree(k, cfg)) for k in cfg.top_ks}
+    tables = {k: [] for k in cfg.top_ks}
+    for ids, p in tqdm(texts, desc="replaying trees"):
+        feats = text_features(target, ids, drafters[cfg.top_ks[0]].taps)  # one target forward per text
+        for k, drafter in drafters.items():
+            tables[k].append(replay_text(drafter, ids, p, feats, cfg))
     return tree_taus(tables, cfg)
 
 

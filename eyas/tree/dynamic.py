@@ -255,15 +255,21 @@ class DynamicTreeBuilder:
         available = self.num_candidates - 1
         if not 1 <= total <= available:
             raise ValueError(f"total_tokens must be in [1, {available}] (candidates so far), got {total}")
-        key, depth = self._key, self._depth
-        ranked = sorted(range(1, self.num_candidates), key=lambda i: (-key[i], i))[:total]
-        kept = [0, *sorted(ranked, key=lambda i: depth[i])]  # stable: key order within a depth
+        depth = self._depth
+        kept = [0, *sorted(self.ranking()[:total], key=lambda i: depth[i])]  # stable: key order within a depth
         node_of = {slot: n for n, slot in enumerate(kept)}
         dev = self.device
         tree = tree_from_lists([self._tok[i] for i in kept], [node_of[self._par[i]] if i else -1 for i in kept], dev)
         kept_t = torch.tensor(kept, dtype=torch.long, device=dev)
         scores = torch.tensor([self._score[i] for i in kept], dtype=torch.float32, device=dev)
         return DynamicTree(tree=tree, kept=kept_t, scores=scores)
+
+    def ranking(self) -> list[int]:
+        """Candidate slots (root excluded), best first: by ranking key, ties to the lower slot. ``finish`` keeps a
+        prefix of it; a parent always precedes its children (module docstring).
+        """
+        key = self._key
+        return sorted(range(1, self.num_candidates), key=lambda i: (-key[i], i))
 
     def _add(self, parents: list[int], logp: list[float], tokens: list[int]) -> list[int]:
         """Append candidates (parallel lists); returns their slots."""

@@ -49,11 +49,11 @@ class AcceptanceProfile:
     tree_tau: dict[tuple[int, int, int], float] | None = None
 
     def __post_init__(self) -> None:
-        if self.tree_tau is not None:
-            self.tree_tau = {tuple(int(x) for x in k): float(v) for k, v in self.tree_tau.items()} or None
-            bad = [k for k, v in (self.tree_tau or {}).items() if len(k) != 3 or min(k) < 1 or v < 1]
-            if bad:
-                raise ValueError(f"tree_tau needs (top_k, depth, total) >= 1 keys and tau >= 1, got {bad[:3]}")
+        measured = self.tree_tau or {}
+        self.tree_tau = {tuple(int(x) for x in k): float(v) for k, v in measured.items()} or None
+        bad = [k for k, v in (self.tree_tau or {}).items() if len(k) != 3 or min(k) < 1 or v < 1]
+        if bad:
+            raise ValueError(f"tree_tau needs (top_k, depth, total) >= 1 keys and tau >= 1, got {bad[:3]}")
         rows = self.rank_accept = [[float(p) for p in row] for row in self.rank_accept]
         if not rows or not all(rows):
             raise ValueError("an acceptance profile needs at least one depth with at least one rank")

@@ -17,9 +17,10 @@ from eyas.tree.dynamic import DynamicTreeBuilder, DynamicTreeConfig
 from eyas.tree_replay import (
     ReplayConfig,
     accepted_table,
-    max_candidates,
     path_ranks,
     replay_text,
+    replay_tree,
+    text_features,
     trajectory_tau,
     tree_taus,
 )
@@ -70,9 +71,8 @@ def test_replay_equals_decoding(model, tree):
     accepted = [e.num_accepted for e in events[1:]]
 
     cfg = ReplayConfig(top_ks=(k,), max_depth=4, max_total=20)
-    total = min(max_candidates(k, cfg.max_depth), cfg.max_total)
-    replayer = Eagle3Drafter(target_model=model, head=head, tree=f"dynamic:{k},{cfg.max_depth},{total}")
-    acc = replay_text(model, replayer, ids, prompt.shape[0], cfg)
+    replayer = Eagle3Drafter(target_model=model, head=head, tree=replay_tree(k, cfg))
+    acc = replay_text(replayer, ids, prompt.shape[0], text_features(model, ids, replayer.taps), cfg)
     assert acc.shape == (ids.shape[0] - prompt.shape[0] - 1, 4, 20)
     assert [int(acc[j, d - 1, t - 1]) for j in visited[: len(accepted) - 1]] == accepted[:-1]
     assert sum(accepted) > 0  # drafts were accepted: the comparison is not between zeros
