@@ -10,10 +10,13 @@
 #   call 2:  bash scripts/gpu_distill.sh run       carry .carry/p2
 #            (data for DATA_S seconds, training for TRAIN_S seconds, everything worth keeping under $OUT)
 #
-# Measured on an H200 (2026-11-26, docs/heads.md): GGUF joined and converted 32 s; data 250 s -> 2.91 M new assistant
-# tokens (15 k tok/s at the end, 1,024 rows); packing 9 s; training starts ~60 s later and runs ~120 k assistant tok/s.
-# So DATA_S + TRAIN_S + ~130 s must fit the call (600 s at most) and the session's device time.
-# Environment: DATA_S (default 220), TRAIN_S (200), BATCH (1024 rows of `eyas data`), TRAIN_TOKENS (16384), LR (4e-4).
+# Measured on an H200 (2026-11-26, two draws, docs/heads.md): call 1 with the machine's start 123-143 s held; call 2:
+# GGUF joined and converted 30 s; data 220-250 s -> 2.5-2.9 M new assistant tokens (15 k tok/s at the end, 1,024
+# rows); packing 5-9 s; training starts ~45-60 s later and runs ~140 k assistant tok/s (DATA_S=220 TRAIN_S=215: 2,904
+# steps, 30.3 M tokens, the call 533 s). So DATA_S + TRAIN_S + ~120 s must fit the call (600 s at most) and the
+# session's 900 s of device time with call 1's ~140 s: the two calls of the second draw left 209 s.
+# Environment: DATA_S (default 220), TRAIN_S (200), BATCH (1024 rows of `eyas data`), TRAIN_TOKENS (16384), LR (4e-4),
+# SEED (2: the first draw used 1).
 # The shipped head (the start of training) is stashed by call 1 too, so call 2's tree can leave it out.
 set -u -o pipefail
 STASH=${STASH:-/root/eyas-stash}
@@ -32,7 +35,7 @@ prepare() {  # here, with the project's venv first on PATH
     g=$(python -c "from eyas.models.loading import embedded_gguf_path as e; print(e())") || return 1
     d=$(python -c "from eyas.models.loading import resolve_model_dir as r; print(r(None))") || return 1
     mkdir -p .carry/tok .carry/head .whl
-    head -c 38000000 "$g" > .carry/p1 && tail -c +38000001 "$g" > .carry/p2
+    head -c 37500000 "$g" > .carry/p1 && tail -c +37500001 "$g" > .carry/p2
     xz -9 -c data/selfdistill/smollm2-135m-instruct-commercial.jsonl > .carry/commercial.jsonl.xz
     cp eyas/heads/smollm2-135m-instruct-eagle3/* .carry/head/
     cp "$d/config.json" "$d/tokenizer_config.json" "$d/chat_template.jinja" .carry/tok/
@@ -91,8 +94,8 @@ EOF
         --draft-vocab 512 --batch-tokens 2048 --max-len 256 --holdout 4 --eval-tokens 16 --eval-every 3 \
         --save-every 3 --time-budget 60 --target-dtype bfloat16 --mixed-precision bf16 || return 1
     python3 -m eyas train --data "$WORK/smoke-train.jsonl" --model "$tiny" --out "$WORK/smoke-run2" --max-steps 2 \
-        --init-head "$WORK/smoke-run/head" --batch-tokens 2048 --max-len 256 --holdout 4 --eval-tokens 16 \
-        --target-dtype bfloat16 --mixed-precision bf16 || return 1
+        --init-head "$WORK/smoke-run/head" --batch-tokens 2048 --max-len 256 --holdout 0 --eval-every 100000 \
+        --time-budget 30 --target-dtype bfloat16 --mixed-precision bf16 || return 1
     stamp "SMOKE OK"
 }
 
@@ -103,12 +106,14 @@ run() {
     echo "$GGUF_SHA  $gguf" | sha256sum -c - || return 1
     python3 -c "from eyas.models.loading import resolve_model_dir as r; print(r('$gguf'))" || return 1
     stamp "target converted"
-    # the shipped data first: its Magpie ids are the dedupe set, so the GPU adds new requests only
-    [ -s "$data" ] || xz -dc "$STASH/commercial.jsonl.xz" > "$data"
+    # the shipped data first (the commercial file and the earlier GPU draw's Magpie file): their Magpie ids are the
+    # dedupe set, so the GPU adds new requests only; SEED differs from the earlier draw's (1) so it draws new ones
+    [ -s "$data" ] || { xz -dc "$STASH/commercial.jsonl.xz"
+        xz -dc data/selfdistill/smollm2-135m-instruct-magpie-gpu.jsonl.xz; } > "$data"
     local before; before=$(wc -l < "$data")
     timeout -s KILL "${DATA_S:-220}" python3 -m eyas data --prompts magpie --limit 1000000 --model "$gguf" \
         --device "${DEVICE:-cuda}" --dtype bfloat16 --batch-size "${BATCH:-1024}" --prefill-rows 256 --max-slots 1024 \
-        --max-new-tokens 512 --seed 1 --out "$data" 2>&1 | tr '\r' '\n' | grep -v '^ *$' | awk 'NR % 20 == 1'
+        --max-new-tokens 512 --seed "${SEED:-2}" --out "$data" 2>&1 | tr '\r' '\n' | grep -v '^ *$' | awk 'NR % 20 == 1'
     stamp "data: $before -> $(wc -l < "$data") conversations"
     python3 - "$data" "$before" <<'EOF' | tee "$OUT/data_summary.json"
 import json, sys
@@ -123,7 +128,8 @@ for i, line in enumerate(open(sys.argv[1])):
         tok += r.get("usage", {}).get("completion_tokens", 0)
 print(json.dumps({"new_conversations": n, "new_assistant_tokens": tok}))
 EOF
-    head -n -1 "$data" | xz -T0 -6 > "$OUT/distill-gpu.jsonl.xz"  # the last line may be cut by the kill
+    # the new rows only; the last line may be cut by the kill
+    tail -n +$((before + 1)) "$data" | head -n -1 | xz -T0 -6 > "$OUT/distill-gpu.jsonl.xz"
     stamp "data packed: $(du -h "$OUT/distill-gpu.jsonl.xz" | cut -f1)"
     # no held-aside eval here (--holdout 0): speculative decoding in bf16 exact mode is slow on a GPU, and an eval
     # before the export cost the whole training of the first run (killed at the call's limit); tau is measured on

@@ -50,6 +50,17 @@ def test_draft_cost_fit_is_non_negative(llama, monkeypatch):
         assert d.per_step > 0 and d.per_level >= 0 and d.per_node >= 0
 
 
+def test_draft_cost_fit_recovers_costs_and_stays_non_negative():
+    rows = [(lv, lv * k) for k, lv in ((1, 0), (1, 2), (2, 1), (2, 2), (3, 2))]
+    exact = [1e-3 + lv * 4e-4 + nd * 5e-5 for lv, nd in rows]
+    d = autotree.fit_draft_cost(rows, exact)
+    assert (d.per_step, d.per_level, d.per_node) == pytest.approx((1e-3, 4e-4, 5e-5), rel=1e-9)
+    # nodes that look cheaper than free (noise): per_node pinned at 0, the rest refitted
+    d = autotree.fit_draft_cost(rows, [1e-3 + lv * 4e-4 - nd * 1e-4 for lv, nd in rows])
+    assert d.per_node == 0 and d.per_level >= 0 and d.per_step > 0
+    assert autotree.fit_draft_cost(rows, [-1.0] * 5).per_step == 1e-5  # nothing measurable: the floor
+
+
 @pytest.fixture
 def fake_head(tmp_path, monkeypatch, llama):
     """A head directory with a profile, fake measurements that count their calls, a private cache."""
