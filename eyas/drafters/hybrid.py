@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -45,28 +45,74 @@ class HybridConfig:
     # assumed acceptance rate of a looked-up token after a matched suffix of 1, 2, 3, ... tokens
     # (the last entry for longer suffixes); its log ranks lookup nodes against the head's log-probs
     lookup_accept: tuple[float, ...] = (0.3, 0.5, 0.7)
+    # the rates are re-estimated along each sequence from how often lookup's tokens were the target's (LookupStats),
+    # lookup_accept weighing as this many observations; 0: the rates stay as given
+    prior_weight: float = 8.0
 
     def __post_init__(self) -> None:
         NgramConfig(self.max_ngram, self.min_ngram, self.num_draft, self.branches)  # validates those four
         self.lookup_accept = tuple(float(p) for p in self.lookup_accept)
         if self.budget < 0 or not self.lookup_accept or not all(0 < p <= 1 for p in self.lookup_accept):
             raise ValueError(f"need budget >= 0 and lookup_accept in (0, 1], got {self.budget}, {self.lookup_accept}")
+        if self.prior_weight < 0:
+            raise ValueError(f"prior_weight must be >= 0 (0: fixed lookup_accept), got {self.prior_weight}")
 
 
-def lookup_chains(history: torch.Tensor, cfg: HybridConfig) -> list[Chain]:
+@dataclass
+class LookupStats:
+    """Lookup's acceptance along one sequence, by matched suffix length (1, 2, ..., the last for longer ones).
+
+    After each step, the chain proposed is walked against the tokens the target committed (accepted drafts and
+    its own next token): each chain token reached counts as offered, and as taken if it is the target's token;
+    the walk stops at the first miss. The rate for a suffix length is (taken + w * prior) / (offered + w): the
+    configured rate until the sequence says otherwise. So copy-heavy text (a quoted paragraph, code being edited)
+    earns lookup's chains deep places in the tree, and open prose, where a 1-token match rarely continues, lets the
+    head's nodes win (measured on the shipped head: docs/benchmarks.md).
+    """
+
+    prior: tuple[float, ...]
+    weight: float
+    offered: list[int] = field(default_factory=list)
+    taken: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.offered = self.offered or [0] * len(self.prior)
+        self.taken = self.taken or [0] * len(self.prior)
+
+    def rates(self) -> tuple[float, ...]:
+        if self.weight == 0:
+            return self.prior
+        w = self.weight
+        return tuple((t + w * p) / (o + w) for p, o, t in zip(self.prior, self.offered, self.taken, strict=True))
+
+    def observe(self, chain: Chain, committed: list[int]) -> None:
+        """chain: the step's lookup chain; committed: the tokens the step added to the text."""
+        i = min(chain.suffix, len(self.prior)) - 1
+        for drafted, token in zip(chain.tokens, committed, strict=False):  # as far as the step committed
+            self.offered[i] += 1
+            if drafted != token:
+                return
+            self.taken[i] += 1
+
+
+def lookup_chains(history: torch.Tensor, cfg: HybridConfig, accept: tuple[float, ...] | None = None) -> list[Chain]:
     """Continuations after the longest matching suffix of ``history`` ([n] long, on the CPU), scored.
 
     Example: history [5 7 9 5 7], max_ngram 2 -> suffix [5 7] matched (2 tokens), the chain is
-    [9 5 7] with step log-prior log(lookup_accept[1]) per token.
+    [9 5 7] with step log-prior log(lookup_accept[1]) per token. ``accept``: rates in place of lookup_accept.
     """
     top = min(cfg.max_ngram, history.shape[0] - 1)
     for size in range(top, cfg.min_ngram - 1, -1):
         ng = NgramConfig(max_ngram=size, min_ngram=size, num_draft=cfg.num_draft, branches=cfg.branches)
         conts = find_continuations(history, ng)
         if conts:
-            lp = math.log(cfg.lookup_accept[min(size, len(cfg.lookup_accept)) - 1])
-            return [Chain(c.tolist(), [lp] * c.shape[0]) for c in conts]
+            lp = _step_logp(accept or cfg.lookup_accept, size)
+            return [Chain(c.tolist(), [lp] * c.shape[0], suffix=size) for c in conts]
     return []
+
+
+def _step_logp(accept: tuple[float, ...], size: int) -> float:
+    return math.log(max(accept[min(size, len(accept)) - 1], 1e-6))
 
 
 class SuffixIndex:
@@ -96,15 +142,14 @@ class SuffixIndex:
             for size in range(1, min(self.max_ngram, end + 1) + 1):
                 self.latest[tuple(toks[end - size + 1 : end + 1])] = end - size + 1
 
-    def chains(self, cfg: HybridConfig) -> list[Chain]:
+    def chains(self, cfg: HybridConfig, accept: tuple[float, ...] | None = None) -> list[Chain]:
         """``lookup_chains`` for one branch: the continuation after the latest match of the longest matching suffix."""
         toks = self.tokens
         for size in range(min(cfg.max_ngram, len(toks) - 1), cfg.min_ngram - 1, -1):
             start = self.latest.get(tuple(toks[len(toks) - size :]))
             if start is not None:
-                lp = math.log(cfg.lookup_accept[min(size, len(cfg.lookup_accept)) - 1])
                 cont = toks[start + size : start + size + cfg.num_draft]
-                return [Chain(cont, [lp] * len(cont))]
+                return [Chain(cont, [_step_logp(accept or cfg.lookup_accept, size)] * len(cont), suffix=size)]
         return []
 
 
@@ -122,29 +167,42 @@ class HybridDrafter(Drafter):
         self.taps = self.head.taps
         self.max_nodes = self.cfg.budget or self.head.max_nodes
         self.last: MergedTree | None = None  # the last proposal's books (tests, diagnostics)
+        self._new_sequence()
+
+    def _new_sequence(self) -> None:
+        """Per-sequence state (start replaces it, fork gives the twin its own)."""
         self.index = SuffixIndex(self.cfg.max_ngram)
+        self.stats = LookupStats(self.cfg.lookup_accept, self.cfg.prior_weight)
+        self.pending: list[Chain] = []  # the last proposal's lookup chains, until its tokens are committed
 
     def start(self, max_slots: int) -> None:
         self.head.start(max_slots)
-        self.index = SuffixIndex(self.cfg.max_ngram)  # per sequence (fork copies, start replaces)
+        self._new_sequence()
 
     def extend(self, tokens: torch.Tensor, feats: TargetFeatures) -> None:
+        if self.pending:
+            committed = tokens.tolist()
+            for chain in self.pending:
+                self.stats.observe(chain, committed)
+            self.pending = []
         self.head.extend(tokens, feats)
 
     def fork(self) -> HybridDrafter:
         twin = copy.copy(self)
         twin.head = self.head.fork()
-        twin.index = SuffixIndex(self.cfg.max_ngram)
+        twin._new_sequence()
         return twin
 
     def propose(self, history: torch.Tensor, sampling: SamplingParams, generator=None) -> DraftOutput:
         self.head.draft_candidates(history)  # fills the head's candidate books
         base = Candidates(*self.head.expansion.builder.candidates())  # the head's books, every scored node
+        rates = self.stats.rates()
         if self.cfg.branches == 1:
             self.index.update(history)
-            chains = self.index.chains(self.cfg)
+            chains = self.index.chains(self.cfg, rates)
         else:
-            chains = lookup_chains(history.cpu(), self.cfg)
+            chains = lookup_chains(history.cpu(), self.cfg, rates)
+        self.pending = chains
         self.last = merge_candidates(base, chains, self.max_nodes)
         return DraftOutput(tree=self.last.tree.to(history.device))
 

@@ -57,6 +57,8 @@ class Chain:
     tokens: list[int]
     # [L] log-prob added per token along the chain (the acceptance prior of each step)
     step_logp: list[float]
+    # the matched suffix's length for a lookup chain (which acceptance estimate scored it); 0: not from lookup
+    suffix: int = 0
 
 
 @dataclass

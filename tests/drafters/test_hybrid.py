@@ -18,7 +18,8 @@ import torch
 from eyas.decode import DecodeConfig, SpecDecoder
 from eyas.drafters.base import get_drafter_factory
 from eyas.drafters.eagle3 import Eagle3Drafter, random_eagle3_head
-from eyas.drafters.hybrid import HybridConfig, HybridDrafter, SuffixIndex, lookup_chains
+from eyas.drafters.hybrid import HybridConfig, HybridDrafter, LookupStats, SuffixIndex, lookup_chains
+from eyas.tree.merge import Chain
 from eyas.types import SamplingParams
 from eyas.verify import logits_to_probs, sample, verify_sampling
 
@@ -113,6 +114,33 @@ def test_lookup_nodes_reach_the_tree_and_get_accepted(target):
         accepted += dec.stats.accepted
         from_chain += sum(seen)
     assert from_chain > 0 and accepted > 0
+
+
+def test_lookup_stats_walk_the_chain_until_the_first_miss():
+    stats = LookupStats(prior=(0.3, 0.5), weight=2.0)
+    stats.observe(Chain([4, 5, 6, 7], [0.0] * 4, suffix=1), [4, 5, 9])  # two taken, the third missed
+    stats.observe(Chain([8, 9], [0.0] * 2, suffix=3), [1, 8])  # longer suffixes count with the last rate
+    assert stats.offered == [3, 1] and stats.taken == [2, 0]
+    assert stats.rates() == pytest.approx(((2 + 2 * 0.3) / (3 + 2), (0 + 2 * 0.5) / (1 + 2)))
+    stats.observe(Chain([1, 2], [0.0] * 2, suffix=2), [1, 2, 3])  # the whole chain taken: no more is known
+    assert stats.offered == [3, 3] and stats.taken == [2, 2]
+    assert LookupStats(prior=(0.3,), weight=0.0, offered=[9], taken=[9]).rates() == (0.3,)  # weight 0: fixed
+
+
+def test_lookup_rates_follow_the_sequence_and_reset_per_sequence(target):
+    """On the tiny models' repetitive text lookup's chains keep being the target's tokens: the rate they are
+    ranked with rises above the prior; a new sequence (start) and a fork start again from the prior.
+    """
+    p = prompt_ids(30, seed=1)
+    drafter = hybrid(target, budget=10, lookup_accept=(0.2,), prior_weight=4.0)
+    out, _ = run(target, drafter, p, 48)
+    assert out == run(target, None, p, 48)[0]
+    assert drafter.stats.taken[0] > 0 and drafter.stats.rates()[0] > 0.2
+    assert drafter.fork().stats.rates() == (0.2,)
+    drafter.start(128)
+    assert drafter.stats.offered == [0] and drafter.stats.rates() == (0.2,)
+    with pytest.raises(ValueError, match="prior_weight"):
+        HybridConfig(prior_weight=-1)
 
 
 def test_exact_mode_bf16_equals_exact_plain(tiny):
