@@ -16,7 +16,7 @@
 # steps, 30.3 M tokens, the call 533 s). So DATA_S + TRAIN_S + ~120 s must fit the call (600 s at most) and the
 # session's 900 s of device time with call 1's ~140 s: the two calls of the second draw left 209 s.
 # Environment: DATA_S (default 220), TRAIN_S (200), BATCH (1024 rows of `eyas data`), TRAIN_TOKENS (16384), LR (4e-4),
-# SEED (2: the first draw used 1).
+# SEED (3: the first two draws used 1 and 2).
 # The shipped head (the start of training) is stashed by call 1 too, so call 2's tree can leave it out.
 set -u -o pipefail
 STASH=${STASH:-/root/eyas-stash}
@@ -106,14 +106,14 @@ run() {
     echo "$GGUF_SHA  $gguf" | sha256sum -c - || return 1
     python3 -c "from eyas.models.loading import resolve_model_dir as r; print(r('$gguf'))" || return 1
     stamp "target converted"
-    # the shipped data first (the commercial file and the earlier GPU draw's Magpie file): their Magpie ids are the
-    # dedupe set, so the GPU adds new requests only; SEED differs from the earlier draw's (1) so it draws new ones
+    # the shipped data first (the commercial file and every packed Magpie file, GPU- or CPU-made): their Magpie ids
+    # are the dedupe set, so the GPU adds new requests only; SEED differs from the earlier draws' (1, 2)
     [ -s "$data" ] || { xz -dc "$STASH/commercial.jsonl.xz"
-        xz -dc data/selfdistill/smollm2-135m-instruct-magpie-gpu.jsonl.xz; } > "$data"
+        for f in data/selfdistill/smollm2-135m-instruct-magpie-*.jsonl.xz; do xz -dc "$f"; done; } > "$data"
     local before; before=$(wc -l < "$data")
     timeout -s KILL "${DATA_S:-220}" python3 -m eyas data --prompts magpie --limit 1000000 --model "$gguf" \
         --device "${DEVICE:-cuda}" --dtype bfloat16 --batch-size "${BATCH:-1024}" --prefill-rows 256 --max-slots 1024 \
-        --max-new-tokens 512 --seed "${SEED:-2}" --out "$data" 2>&1 | tr '\r' '\n' | grep -v '^ *$' | awk 'NR % 20 == 1'
+        --max-new-tokens 512 --seed "${SEED:-3}" --out "$data" 2>&1 | tr '\r' '\n' | grep -v '^ *$' | awk 'NR % 20 == 1'
     stamp "data: $before -> $(wc -l < "$data") conversations"
     python3 - "$data" "$before" <<'EOF' | tee "$OUT/data_summary.json"
 import json, sys
