@@ -5,7 +5,8 @@
 #   here:    bash scripts/gpu_distill.sh prepare   (the GGUF split into .carry/p1 + .carry/p2, the shipped data xz'd,
 #            the shipped head, the tokenizer files, the gguf wheel in .whl/; and the big tracked files taken out of
 #            git's index and excluded, so the tree stays under 64 MiB: `bash scripts/gpu_distill.sh restore` after)
-#   call 1:  bash scripts/gpu_distill.sh stash     carry .carry/p1 .carry/commercial.jsonl.xz .carry/tok .carry/head .whl
+#   call 1:  bash scripts/gpu_distill.sh stash     carry .carry/p1 .carry/commercial.jsonl.xz .carry/tok .carry/head
+#                                                  .carry/magpie .whl
 #            (keeps them in $STASH and runs the whole pipeline on a tiny random model: a smoke test)
 #   call 2:  bash scripts/gpu_distill.sh run       carry .carry/p2
 #            (data for DATA_S seconds, training for TRAIN_S seconds, everything worth keeping under $OUT)
@@ -27,15 +28,20 @@ export PYTHONUNBUFFERED=1 EYAS_CACHE=$WORK/cache PYTHONPATH=$STASH/site:$PWD
 t0=$(date +%s)
 stamp() { echo "[gpu_distill $(( $(date +%s) - t0 ))s] $*"; }
 
+# tracked paths taken out of the transfer (the tree travels with each call; 64 MiB a call in all): the big files, the
+# packed Magpie files (call 1 carries them once, in .carry/magpie) and the benchmark results
 BIG="data/checkpoints/eagle3-commercial/checkpoint/head.safetensors data/selfdistill/smollm2-135m-instruct.jsonl
-data/selfdistill/smollm2-135m-instruct-commercial.jsonl eyas/heads/smollm2-135m-instruct-eagle3/model.safetensors"
+data/selfdistill/smollm2-135m-instruct-commercial.jsonl eyas/heads/smollm2-135m-instruct-eagle3/model.safetensors
+$(ls data/selfdistill/smollm2-135m-instruct-magpie-*.jsonl.xz 2>/dev/null) docs/results"
+LIMIT=67108864  # 64 MiB
 
 prepare() {  # here, with the project's venv first on PATH
     local g d
     g=$(python -c "from eyas.models.loading import embedded_gguf_path as e; print(e())") || return 1
     d=$(python -c "from eyas.models.loading import resolve_model_dir as r; print(r(None))") || return 1
-    mkdir -p .carry/tok .carry/head .whl
-    head -c 37500000 "$g" > .carry/p1 && tail -c +37500001 "$g" > .carry/p2
+    rm -rf .carry/magpie && mkdir -p .carry/tok .carry/head .carry/magpie .whl
+    head -c 36000000 "$g" > .carry/p1 && tail -c +36000001 "$g" > .carry/p2
+    cp data/selfdistill/smollm2-135m-instruct-magpie-*.jsonl.xz .carry/magpie/
     xz -9 -c data/selfdistill/smollm2-135m-instruct-commercial.jsonl > .carry/commercial.jsonl.xz
     cp eyas/heads/smollm2-135m-instruct-eagle3/* .carry/head/
     cp "$d/config.json" "$d/tokenizer_config.json" "$d/chat_template.jinja" .carry/tok/
@@ -44,9 +50,13 @@ prepare() {  # here, with the project's venv first on PATH
         --platform manylinux2014_x86_64 -d .whl gguf==0.19.0 || return 1
     grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
     # shellcheck disable=SC2086
-    git rm --cached -q $BIG && for f in $BIG; do echo "/$f" >> .git/info/exclude; done
-    echo "tree: $(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1) bytes; call 1 carries" \
-        "$(du -cb .carry/p1 .carry/commercial.jsonl.xz .carry/tok .carry/head .whl | tail -1 | cut -f1)"
+    git rm --cached -r -q $BIG && for f in $BIG; do echo "/$f" >> .git/info/exclude; done
+    local tree c1 c2
+    tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+    c1=$((tree + $(du -cb .carry/p1 .carry/commercial.jsonl.xz .carry/tok .carry/head .carry/magpie .whl | tail -1 | cut -f1)))
+    c2=$((tree + $(du -b .carry/p2 | cut -f1)))
+    echo "tree $tree bytes; call 1 $c1, call 2 $c2 (limit $LIMIT)"
+    [ "$c1" -lt "$LIMIT" ] && [ "$c2" -lt "$LIMIT" ] || { echo "a call is over 64 MiB: move the split point" >&2; return 1; }
 }
 
 restore() {  # here: the big files back in the index, the exclusions gone
@@ -59,6 +69,7 @@ restore() {  # here: the big files back in the index, the exclusions gone
 stash() {
     mkdir -p "$STASH/tok" "$STASH/head" && cp .carry/p1 .carry/commercial.jsonl.xz "$STASH"/ || return 1
     cp .carry/tok/* "$STASH/tok/" && cp .carry/head/* "$STASH/head/" || return 1
+    mkdir -p "$STASH/magpie" && cp .carry/magpie/* "$STASH/magpie/" || return 1
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$STASH/site" \
         .whl/*.whl || return 1
     xz -dc "$STASH/tok/tokenizer.json.xz" > "$STASH/tok/tokenizer.json"
@@ -109,7 +120,7 @@ run() {
     # the shipped data first (the commercial file and every packed Magpie file, GPU- or CPU-made): their Magpie ids
     # are the dedupe set, so the GPU adds new requests only; SEED differs from the earlier draws' (1, 2)
     [ -s "$data" ] || { xz -dc "$STASH/commercial.jsonl.xz"
-        for f in data/selfdistill/smollm2-135m-instruct-magpie-*.jsonl.xz; do xz -dc "$f"; done; } > "$data"
+        for f in "$STASH"/magpie/*.jsonl.xz; do xz -dc "$f"; done; } > "$data"
     local before; before=$(wc -l < "$data")
     timeout -s KILL "${DATA_S:-220}" python3 -m eyas data --prompts magpie --limit 1000000 --model "$gguf" \
         --device "${DEVICE:-cuda}" --dtype bfloat16 --batch-size "${BATCH:-1024}" --prefill-rows 256 --max-slots 1024 \
