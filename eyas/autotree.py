@@ -10,9 +10,12 @@
    forward, verification and commit exactly as decoding runs them) and the drafting (whole steps with
    the real drafter, hybrid or head alone, on three dynamic trees, less the junk step of the same
    width, fitted to ``eyas.tree.sizing.DraftCost``: extending the head after each verify included);
-3. ``eyas.tree.sizing.choose_tree`` picks top-k, depth and total nodes maximising predicted tokens/s.
+3. ``eyas.tree.sizing.choose_tree`` picks top-k, depth and total nodes maximising predicted tokens/s;
+4. ``eyas.tree.sizing.step_budget`` prices that tree's rows and levels into an adaptive tree
+   (``--tree adaptive:...``, eyas.tree.budget), which sizes each step from the head's confidence.
 
-``EYAS_AUTO_TREE=0`` turns it off (the head's recommended tree is used, as before).
+``EYAS_AUTO_TREE=0`` turns it off (the head's recommended tree is used, as before); ``EYAS_ADAPTIVE_TREE=0``
+keeps step 3's fixed tree.
 """
 
 from __future__ import annotations
@@ -39,11 +42,14 @@ from eyas.models.cpu import cpu_name
 from eyas.models.loading import LoadedTarget, cache_root
 from eyas.models.packed import packed_weights, skinny_gemm_ready
 from eyas.tree import make_tree
-from eyas.tree.sizing import AcceptanceProfile, DraftCost, TreeChoice, choose_tree
+from eyas.tree.sizing import AcceptanceProfile, DraftCost, TreeChoice, choose_tree, step_budget
 from eyas.types import DraftOutput
 
 WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # verify widths measured (nodes, root included)
 CONTEXT = 160  # prompt tokens before the timed steps (a typical chat prompt)
+# most draft tokens an adaptive tree keeps: past 8 nodes a verify row costs ~0.9 ms on the Zen 5 VM, which the
+# head's candidates there (path probability < 0.1) do not return
+ADAPTIVE_MAX_TOTAL = 7
 
 
 class JunkTree(Drafter):
@@ -260,4 +266,7 @@ def size_tree_for(target: LoadedTarget, spec: DrafterSpec, exact: bool | None = 
     # lookup's extra tau (profile.json) for an explicit --drafter hybrid only; for the shipped head it is small
     # (0.03-0.07 tau at 5-17 nodes on tuning questions) and the default's tree is sized on the head's profile
     extra = hybrid_extra_tau(head_dir) if spec.name == "hybrid" else None
-    return choose_tree(cost, draft, profile, max_nodes=max_nodes, extra_tau=extra)
+    choice = choose_tree(cost, draft, profile, max_nodes=max_nodes, extra_tau=extra)
+    if os.environ.get("EYAS_ADAPTIVE_TREE", "1") != "0":  # sized step by step at the fixed tree's prices
+        choice.budget = step_budget(choice, cost, draft, profile, max_total=min(ADAPTIVE_MAX_TOTAL, max_nodes - 1))
+    return choice

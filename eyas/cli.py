@@ -16,7 +16,9 @@ import sys
 from eyas.verify import LOSSY_NOTE
 
 TREE_HELP = (
-    "draft tree: 'dynamic' (EAGLE-2; sizes via --top-k/--depth/--total-tokens), "
+    "draft tree: 'dynamic[:TOP_K,DEPTH,TOTAL]' (EAGLE-2; or sizes via --top-k/--depth/--total-tokens), "
+    "'adaptive:TOP_K,DEPTH,FEED,PRICES' (sized each step from the head's confidence; without --tree a "
+    "head with a profile gets one priced for this machine, shown by --json), "
     "'static[:PRESET|CHOICES]' (EAGLE-1/Medusa choices list, e.g. static:mc_sim_7b_63 or "
     "'static:[[0],[1],[0,0]]'), or 'chain[:K]'"
 )

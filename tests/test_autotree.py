@@ -18,7 +18,7 @@ from eyas import autotree
 from eyas.drafters.eagle3 import random_eagle3_head
 from eyas.drafters.loading import DrafterSpec
 from eyas.models.loading import LoadedTarget
-from eyas.tree.sizing import AcceptanceProfile, DraftCost, choose_tree
+from eyas.tree.sizing import AcceptanceProfile, DraftCost, choose_tree, step_budget
 
 PROFILE = [[0.4, 0.1, 0.05], [0.45, 0.1, 0.05], [0.5, 0.1]]
 
@@ -69,6 +69,7 @@ def fake_head(tmp_path, monkeypatch, llama):
     (head_dir / "profile.json").write_text(json.dumps({"rank_accept": PROFILE}))
     monkeypatch.setenv("EYAS_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("EYAS_AUTO_TREE", raising=False)
+    monkeypatch.delenv("EYAS_ADAPTIVE_TREE", raising=False)
     calls = []
     table = {1: 0.040, 2: 0.041, 4: 0.042, 8: 0.044, 16: 0.060, 32: 0.080}
     draft = DraftCost(per_step=0.004, per_level=0.003, per_node=0.0002)
@@ -86,7 +87,11 @@ def test_choice_is_measured_once_then_cached(fake_head):
     assert calls == ["steps", "draft"]
     b = autotree.size_tree_for(target, DrafterSpec("default"))
     assert calls == ["steps", "draft"] and a == b  # from the cache file, same choice
-    assert a == choose_tree(table, draft, AcceptanceProfile(PROFILE), max_nodes=32)
+    fixed = choose_tree(table, draft, AcceptanceProfile(PROFILE), max_nodes=32)
+    assert a.fixed_spec == fixed.spec and a.predicted_tok_s == fixed.predicted_tok_s
+    # sized step by step at the fixed tree's prices (eyas.tree.budget), deterministic given the table
+    assert a.budget == step_budget(fixed, table, draft, AcceptanceProfile(PROFILE), autotree.ADAPTIVE_MAX_TOTAL)
+    assert a.spec == a.budget.spec and a.spec.startswith(f"adaptive:{fixed.top_k},")
     files = list((autotree.cache_root() / "tree_costs").glob("*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["key"]["target"] == "tiny"
     autotree.size_tree_for(target, DrafterSpec("default"), exact=True)  # another key: measured again
@@ -96,6 +101,10 @@ def test_choice_is_measured_once_then_cached(fake_head):
 def test_tree_flag_and_env_override(fake_head, monkeypatch):
     target, calls, _, _ = fake_head
     assert autotree.size_tree_for(target, DrafterSpec("default", tree="dynamic:4,3,4")) is None
+    monkeypatch.setenv("EYAS_ADAPTIVE_TREE", "0")  # the fixed tree the sizer picked
+    fixed = autotree.size_tree_for(target, DrafterSpec("default"))
+    assert fixed.budget is None and fixed.spec.startswith("dynamic:")
+    calls.clear()
     monkeypatch.setenv("EYAS_AUTO_TREE", "0")
     assert autotree.size_tree_for(target, DrafterSpec("default")) is None
     assert calls == []
@@ -120,6 +129,7 @@ def fake_costs(tmp_path, monkeypatch):
     """Fixed measurements (no timing on a shared machine) and a private cost cache."""
     monkeypatch.setattr(autotree, "cache_root", lambda: tmp_path)
     monkeypatch.delenv("EYAS_AUTO_TREE", raising=False)
+    monkeypatch.delenv("EYAS_ADAPTIVE_TREE", raising=False)
     table = {1: 0.040, 2: 0.041, 4: 0.042, 8: 0.044, 16: 0.060, 32: 0.080}
     monkeypatch.setattr(autotree, "measure_step_costs", lambda model, exact: table)
     draft = DraftCost(0.004, 0.003, 0.0002)
@@ -133,12 +143,12 @@ def test_load_sizes_the_default_heads_tree_and_tree_overrides(default_target, fa
 
     spec = eyas.load(dtype="float32")
     c = spec.tree_choice
-    assert c is not None and spec.drafter_spec.tree == c.spec
-    assert spec.drafter.max_nodes == c.total_tokens + 1
+    assert c is not None and spec.drafter_spec.tree == c.spec and c.spec.startswith("adaptive:")
+    assert spec.drafter.max_nodes == c.budget.max_total + 1  # the most an adaptive step keeps
     assert eyas.load(dtype="float32", tree="dynamic:4,3,4").tree_choice is None
     hybrid = eyas.load(drafter="hybrid", dtype="float32")
     h = hybrid.tree_choice  # sized with the lookup's measured extra tau (profile.json hybrid_extra_tau)
-    assert h is not None and hybrid.drafter.max_nodes == h.total_tokens + 1
+    assert h is not None and hybrid.drafter.max_nodes == h.budget.max_total + 1
     assert h.predicted_tau > c.predicted_tau
     assert eyas.load(drafter="ngram", dtype="float32").tree_choice is None
 
@@ -149,7 +159,8 @@ def test_generate_json_shows_the_choice(default_target, fake_costs, capsys):
 
     assert main(["generate", "Hi", "--json", "--max-new-tokens", "4", "--dtype", "float32"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["tree_choice"]["tree"].startswith("dynamic:") and d["tree_choice"]["predicted_tau"] > 1
+    assert d["tree_choice"]["tree"].startswith("adaptive:") and d["tree_choice"]["predicted_tau"] > 1
+    assert d["tree_choice"]["fixed_tree"].startswith("dynamic:")
 
 
 @pytest.mark.slow

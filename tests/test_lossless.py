@@ -96,16 +96,32 @@ def make_drafter(name: str, target, kind: str, tiny) -> Drafter:
     if name.startswith("eagle3|"):  # reduced draft vocabulary: half the target's ids
         head = random_eagle3_head(target.config, draft_vocab_size=VOCAB // 2, seed=3)
         return Eagle3Drafter(target_model=target, head=head, tree=name[7:])
+    if name.startswith("eagle3_sharp|"):  # a confident random head: adaptive trees vary in depth and size
+        return Eagle3Drafter(target_model=target, head=sharp_eagle3_head(target), tree=name.split("|")[1])
     if name.startswith("hybrid|"):  # lookup chains grafted into a random EAGLE-3 head's tree, 8 nodes
         head = random_eagle3_head(target.config, draft_vocab_size=VOCAB // 2, seed=3)
         return HybridDrafter(head_drafter=Eagle3Drafter(target_model=target, head=head, tree=name[7:]),
                              cfg=HybridConfig(budget=8, num_draft=5))
+    if name.startswith("hybrid_sharp|"):
+        return HybridDrafter(head_drafter=Eagle3Drafter(target_model=target, head=sharp_eagle3_head(target),
+                                                        tree=name.split("|")[1]), cfg=HybridConfig(num_draft=5))
     raise KeyError(name)
 
 
+def sharp_eagle3_head(target):
+    """A random EAGLE-3 head with its logits scaled 10x: path probabilities from ~0.01 to ~1, so an adaptive tree
+    (eyas.tree.budget) feeds 1 to 4 levels and keeps 2 to 6 nodes on the tiny models (test_adaptive_trees_vary)."""
+    head = random_eagle3_head(target.config, draft_vocab_size=VOCAB // 2, seed=3)
+    with torch.no_grad():
+        head.lm_head.weight *= 10
+    return head
+
+
+ADAPTIVE = "adaptive:2,4,0.3,0.05/0.05/0.2/0.3/0.5/0.7"  # top-k 2, depth <= 4, at most 6 drafts
 DRAFTERS = ("ngram_b1", "ngram_b3", "draft_lm", "draft_lm_other_kind", "draft_lm_self") + tuple(
     f"eagle|{t}" for t in EAGLE_TREES
-) + tuple(f"eagle3|{t}" for t in EAGLE_TREES[:3]) + ("hybrid|dynamic:4,4,12",)
+) + tuple(f"eagle3|{t}" for t in EAGLE_TREES[:3]) + ("hybrid|dynamic:4,4,12", f"eagle3_sharp|{ADAPTIVE}",
+                                                     f"hybrid_sharp|{ADAPTIVE}")
 
 
 @pytest.fixture(params=KINDS)
@@ -149,6 +165,26 @@ def test_greedy_speculative_equals_plain(tiny, kind, target, drafter_name, plen)
         # the draft model is the target: (nearly) every draft is accepted, many tokens per commit
         assert dec.stats.accepted >= 0.8 * 3 * dec.stats.steps
         assert dec.stats.steps <= N // 3
+
+
+@pytest.mark.parametrize("name", ("eagle3_sharp", "hybrid_sharp"))
+def test_adaptive_trees_vary_and_stay_lossless(tiny, kind, target, name):
+    """The adaptive tree really changes depth and size from step to step here, so the greedy identity above covers
+    trees of every shape it makes (and the hybrid's merge sized by the same budget)."""
+    drafter = make_drafter(f"{name}|{ADAPTIVE}", target, kind, tiny)
+    shapes = []
+    propose = drafter.propose
+
+    def spy(*args, **kw):
+        out = propose(*args, **kw)
+        shapes.append((out.tree.tokens.shape[0], int(out.tree.depth.max())))
+        return out
+
+    drafter.propose = spy
+    p = prompt_ids(30, seed=2)
+    assert run(target, drafter, p)[0] == plain(target, p)
+    sizes, depths = {n for n, _ in shapes}, {d for _, d in shapes}
+    assert len(sizes) >= 2 and max(sizes) <= 7 and len(depths) >= 2 and max(depths) <= 4 + (name == "hybrid_sharp")
 
 
 def test_draft_lm_with_smaller_vocab_survives_out_of_range_target_tokens(tiny):
@@ -307,7 +343,7 @@ def test_tiny_token_budgets(target, n):
 # ---- exact (batch-invariant) mode -----------------------------------------------------------------
 @pytest.mark.parametrize("drafter_name",
                          (None, "ngram_b1", "ngram_b3", "eagle|dynamic:4,4,12", "eagle3|static:eagle_small",
-                          "draft_lm_self", "hybrid|dynamic:4,4,12"))
+                          "draft_lm_self", "hybrid|dynamic:4,4,12", f"eagle3_sharp|{ADAPTIVE}"))
 @pytest.mark.parametrize("plen", (1, 30))
 def test_exact_mode_equals_plain(tiny, kind, target, drafter_name, plen):
     p = prompt_ids(plen, seed=5)
@@ -319,7 +355,7 @@ def test_exact_mode_equals_plain(tiny, kind, target, drafter_name, plen):
 # ---- sampling: seeded determinism ------------------------------------------------------------------
 @pytest.mark.parametrize("drafter_name", (None, "ngram_b1", "ngram_b3", "draft_lm", "eagle|dynamic:4,4,12",
                                           "eagle|static:eagle_small", "eagle3|dynamic:4,4,12",
-                                          "hybrid|dynamic:4,4,12"))
+                                          "hybrid|dynamic:4,4,12", f"hybrid_sharp|{ADAPTIVE}"))
 def test_sampling_is_deterministic_per_seed(tiny, kind, target, drafter_name):
     p = prompt_ids(7, seed=6)
     sp = SamplingParams(temperature=0.8, top_p=0.9)

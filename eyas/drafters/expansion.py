@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from eyas.tree import DynamicTreeBuilder, DynamicTreeConfig, Frontier, StaticTree
+from eyas.tree.budget import StepBudget
 from eyas.types import Tree
 
 
@@ -89,10 +90,16 @@ class StaticExpansion:
 
 
 class DynamicExpansion:
-    """EAGLE-2: expand the best frontier by cumulative log-prob, then rerank."""
+    """EAGLE-2: expand the best frontier by cumulative log-prob, then rerank.
 
-    def __init__(self, cfg: DynamicTreeConfig) -> None:
+    With a ``StepBudget`` (``--tree adaptive:...``) each step stops feeding levels once the frontier's best
+    path probability falls below the budget's ``feed`` and keeps as many nodes as its prices say pay
+    (eyas.tree.budget); ``cfg.depth`` and ``cfg.total_tokens`` are then the most a step may use.
+    """
+
+    def __init__(self, cfg: DynamicTreeConfig, budget: StepBudget | None = None) -> None:
         self.cfg = cfg
+        self.budget = budget
         self.builder = DynamicTreeBuilder(cfg)
         self.max_fed = cfg.top_k * (cfg.depth - 1)
         self.max_nodes = cfg.total_tokens + 1  # kept draft tokens plus the root
@@ -103,8 +110,14 @@ class DynamicExpansion:
         return (idx if self.id_map is None else self.id_map[idx]).cpu()
 
     def _feed(self, f: Frontier) -> Frontier | None:
-        """The frontier is the feed (it has Feed's fields, each tensor made on first use); None past the last level."""
-        return None if f.depth >= self.cfg.depth else f
+        """The frontier is the feed (it has Feed's fields, each tensor made on first use); None past the last level,
+        or (adaptive) once its best node is too unlikely to be reached for another level to pay.
+        """
+        if f.depth >= self.cfg.depth:
+            return None
+        if self.budget is not None and not self.budget.keep_feeding(max(self.builder.keys(f.slots))):
+            return None
+        return f
 
     def start(self, root: torch.Tensor, logp: torch.Tensor) -> Frontier | None:
         top = logp.topk(self.cfg.top_k)  # host sync below: tree books live on CPU
@@ -115,11 +128,23 @@ class DynamicExpansion:
         return self._feed(self.builder.expand(top.values.cpu(), self._ids(top.indices)))
 
     def finish(self) -> Tree:
-        return self.builder.finish().tree
+        return self.builder.finish(self.total()).tree
+
+    def total(self, keys: list[float] | None = None) -> int:
+        """Draft tokens this step keeps: the config's, or (adaptive) what the budget says pays for the ranked
+        ``keys`` (default: the head's candidates, best first).
+        """
+        if self.budget is None:
+            return self.cfg.total_tokens
+        if keys is None:
+            keys = self.builder.keys(self.builder.ranking()[: self.cfg.total_tokens])
+        return min(self.budget.total(keys), self.cfg.total_tokens)
 
 
 def make_expansion(tree: str | None, default: str = "dynamic"):
-    """Parse --tree: 'dynamic[:top_k,depth,total]' or 'static[:PRESET or choices]' or 'chain[:K]'."""
+    """Parse --tree: 'dynamic[:top_k,depth,total]', 'adaptive:top_k,depth,feed,prices' (eyas.tree.budget),
+    'static[:PRESET or choices]' or 'chain[:K]'.
+    """
     from eyas.tree import parse_choices, static_tree
 
     spec = tree or default
@@ -127,9 +152,14 @@ def make_expansion(tree: str | None, default: str = "dynamic"):
     if kind == "dynamic":
         nums = [int(x) for x in arg.split(",")] if arg else []
         return DynamicExpansion(DynamicTreeConfig(*nums))
+    if kind == "adaptive":
+        b = StepBudget.parse(arg)
+        most = DynamicTreeConfig(b.top_k, b.depth, 1).max_candidates
+        return DynamicExpansion(DynamicTreeConfig(b.top_k, b.depth, min(b.max_total, most)), b)
     if kind == "static":
         return StaticExpansion(static_tree(parse_choices(arg or "eagle_small")))
     if kind == "chain":
         k = int(arg or 5)
         return StaticExpansion(static_tree([[0] * i for i in range(1, k + 1)]))
-    raise ValueError(f"unknown tree {spec!r}; use dynamic, static[:PRESET|CHOICES] or chain[:K]")
+    raise ValueError(f"unknown tree {spec!r}; use dynamic[:TOP_K,DEPTH,TOTAL], adaptive:TOP_K,DEPTH,FEED,PRICES, "
+                     "static[:PRESET|CHOICES] or chain[:K]")

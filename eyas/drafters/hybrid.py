@@ -203,7 +203,8 @@ class HybridDrafter(Drafter):
         else:
             chains = lookup_chains(history.cpu(), self.cfg, rates)
         self.pending = chains
-        self.last = merge_candidates(base, chains, self.max_nodes)
+        size = self.head.expansion.total if self.head.expansion.budget is not None else None  # adaptive trees
+        self.last = merge_candidates(base, chains, self.max_nodes, size)
         return DraftOutput(tree=self.last.tree.to(history.device))
 
 

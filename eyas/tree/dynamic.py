@@ -271,6 +271,10 @@ class DynamicTreeBuilder:
         key = self._key
         return sorted(range(1, self.num_candidates), key=lambda i: (-key[i], i))
 
+    def keys(self, slots: list[int]) -> list[float]:
+        """Ranking keys of candidate slots (log path probabilities for log-prob scores)."""
+        return [self._key[i] for i in slots]
+
     def _add(self, parents: list[int], logp: list[float], tokens: list[int]) -> list[int]:
         """Append candidates (parallel lists); returns their slots."""
         start = self.num_candidates

@@ -26,6 +26,7 @@ Worked example (budget 4; head candidates a, b under the root, c under a; lookup
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -72,9 +73,12 @@ class MergedTree:
     from_chain: torch.Tensor
 
 
-def merge_candidates(base: Candidates, chains: list[Chain], budget: int) -> MergedTree:
+def merge_candidates(base: Candidates, chains: list[Chain], budget: int,
+                     size: Callable[[list[float]], int] | None = None) -> MergedTree:
     """Graft ``chains`` into ``base`` (sharing prefixes) and keep the ``budget`` best nodes, root included.
 
+    ``size``: draft tokens to keep given the best ``budget - 1`` ranking keys, best first (an adaptive tree's
+    ``DynamicExpansion.total``); None keeps them all.
     Returns nodes in ranking order (root first, then best key first), which is topological.
     Reads the candidates on the host: tens of nodes, one sync.
     """
@@ -103,6 +107,8 @@ def merge_candidates(base: Candidates, chains: list[Chain], budget: int) -> Merg
     for i in range(1, len(toks)):  # topological: parents first
         keys[i] = min(scores[i], keys[pars[i]])
     ranked = sorted(range(1, len(toks)), key=lambda i: (-keys[i], i))[: budget - 1]
+    if size is not None and ranked:
+        ranked = ranked[: size([keys[i] for i in ranked])]
     kept = [0, *ranked]
     node_of = {slot: n for n, slot in enumerate(kept)}
     dev = base.tokens.device if isinstance(base.tokens, torch.Tensor) else None

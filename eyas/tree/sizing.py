@@ -30,6 +30,10 @@ and the choice maximises ``tau / step`` over ``top_k <= max_top_k``, ``depth <= 
 ``total + 1 <= max_nodes``. Plain decoding makes ``1 / forward(1)`` tokens/s, reported alongside.
 A second source sharing the tree (the hybrid drafter's lookup chains) adds its measured
 ``extra_tau(total + 1)`` to tau.
+
+**Sized step by step.** ``step_budget`` turns the best fixed tree's costs and rate into an adaptive tree
+(``eyas.tree.budget``): each step feeds levels and keeps nodes only while the head's own probabilities say they
+pay at that rate. The fixed tree's prediction stays what ``TreeChoice`` reports.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left
 from dataclasses import asdict, dataclass
+
+from eyas.tree.budget import StepBudget
 
 
 @dataclass
@@ -83,15 +89,47 @@ class TreeChoice:
     plain_tok_s: float  # plain decoding on the same cost table
     step_ms: float  # predicted seconds per speculative step, in ms
     tau_source: str = "model"  # "measured": the profile's tree_tau (eyas.tree_replay); "model": rank_accept
+    # sized step by step from this fixed tree's costs and rate (``step_budget``); None: the fixed tree itself
+    budget: StepBudget | None = None
+
+    @property
+    def fixed_spec(self) -> str:
+        """The --tree value of the best fixed tree (what the prediction is for)."""
+        return f"dynamic:{self.top_k},{self.depth},{self.total_tokens}"
 
     @property
     def spec(self) -> str:
-        """The --tree value of this choice."""
-        return f"dynamic:{self.top_k},{self.depth},{self.total_tokens}"
+        """The --tree value of this choice: the adaptive tree where there is a budget, else the fixed one."""
+        return self.budget.spec if self.budget is not None else self.fixed_spec
 
     def to_dict(self) -> dict:
-        d = {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
-        return {"tree": self.spec, **d, "predicted_speedup": round(self.predicted_tok_s / self.plain_tok_s, 4)}
+        d = {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items() if k != "budget"}
+        return {"tree": self.spec, "fixed_tree": self.fixed_spec, **d,
+                "predicted_speedup": round(self.predicted_tok_s / self.plain_tok_s, 4)}
+
+
+def step_budget(choice: TreeChoice, cost: dict[int, float], draft: DraftCost, profile: AcceptanceProfile,
+                max_total: int = 7) -> StepBudget:
+    """The adaptive tree (eyas.tree.budget) priced from the machine's costs and the best fixed tree's rate.
+
+    ``price[n] = rate * (forward(n + 1) - forward(1))``: the tokens n drafted rows must return to pay for their
+    share of the verify forward at the rate the fixed tree makes. ``feed = rate * (level + row) / q``: a level costs
+    a head forward over k nodes (``draft``) and, if its nodes are kept, about a row each (the table's mean from 1
+    to ``max_total + 1`` nodes); it pays when the frontier's best node (probability p) is reached and its child is
+    right (the head's depth-2 top-1 acceptance q), so it is fed while p * q >= rate * (level + row). Top-k is
+    the fixed tree's, at least 2 (a chain has no sibling to keep when the head is unsure); depth up to the
+    profile's.
+    """
+    k = max(choice.top_k, 2)
+    rate = choice.predicted_tok_s
+    base = interpolate(cost, 1)
+    prices = tuple(round(rate * (interpolate(cost, n + 1) - base), 4) for n in range(1, max_total + 1))
+    level = draft.per_level + k * draft.per_node
+    row = (interpolate(cost, max_total + 1) - base) / max_total
+    rows = profile.rank_accept
+    q = rows[1][0] if len(rows) > 1 and rows[1][0] > 0 else rows[0][0]
+    feed = min(1.0, round(rate * (level + row) / max(q, 1e-6), 4))
+    return StepBudget(top_k=k, depth=len(rows), feed=feed, prices=prices)
 
 
 def interpolate(cost: dict[int, float], n: int) -> float:
