@@ -5,6 +5,7 @@ Trees and other inference settings are tuned on these, never on the evaluation s
 the shipped head was not trained on (docs/heads.md).
 
 python scripts/tune_questions.py --out /tmp/tune.jsonl [--count 24] [--data-dir ../shared/data/train]
+python scripts/tune_questions.py --out /tmp/val.jsonl --count 48 --offset 14 --exclude /tmp/tune.jsonl  # held out
 """
 
 from __future__ import annotations
@@ -19,10 +20,14 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--count", type=int, default=24)
     ap.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared/data/train"))
+    ap.add_argument("--offset", type=int, default=0, help="first record taken (another set: half the stride)")
+    ap.add_argument("--exclude", default=None, help="a question file whose ids are left out (e.g. the first set)")
     a = ap.parse_args()
     records = [json.loads(line) for line in open(Path(a.data_dir) / "mt_bench_101/mtbench101.jsonl")]
     stride = max(1, len(records) // a.count)
-    picked = records[::stride][: a.count]  # spread over all task kinds (the file is grouped by task)
+    skip = {json.loads(line)["question_id"] for line in open(a.exclude)} if a.exclude else set()
+    # spread over all task kinds (the file is grouped by task)
+    picked = [r for r in records[a.offset :: stride] if r["id"] not in skip][: a.count]
     with open(a.out, "w") as f:
         for r in picked:
             turn = r["history"][0]["user"]

@@ -164,7 +164,8 @@ def test_fork_has_its_own_head_state(target):
     assert run(target, a, p1)[0] == r1 and run(target, b, p2)[0] == r2
 
 
-@pytest.mark.parametrize("tree,sharp", [("dynamic:4,4,12", False), ("adaptive:2,4,0.3,0.05/0.05/0.2/0.3/0.5/0.7", True)])
+@pytest.mark.parametrize("tree,sharp", [("dynamic:4,4,12", False),
+                                        ("adaptive:2,4,0.3,0.05/0.05/0.2/0.3/0.5/0.7", True)])
 def test_batched_rows_with_cut_trees_equal_plain(tiny, tree, sharp):
     """eyas serve's path: forked hybrid drafters per row, the load policy cutting trees (ranked nodes); with an
     adaptive tree, rows' trees differ in size from step to step as well."""

@@ -1,0 +1,148 @@
+"""Replay the shipped drafter over greedy texts and compare fixed EAGLE-2 trees with adaptive ones (eyas.tree.budget)
+on a cost table: predicted tokens/s over plain, and τ, without timing anything (tuning questions only).
+
+At every answer position the drafter drafts its full candidate set (top-k, depth ``--depth``) over the target's own
+greedy text; a fixed tree keeps the first levels and the best-ranked candidates, an adaptive one feeds levels while
+the frontier's best path probability is >= feed and keeps what its prices pay for (``StepBudget``, the rule decoding
+runs). Greedy verification accepts the longest kept path the text follows, and decoding's trajectory is replayed
+(eyas.tree_replay). Step cost = forward(nodes) + per_step + levels fed * (per_level + k * per_node), from the machine's
+cached table (eyas.autotree) unless ``--costs`` gives one.
+
+python scripts/tune_questions.py --out /tmp/tune.jsonl
+python scripts/adaptive_replay.py --questions /tmp/tune.jsonl --limit 24
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import torch
+
+
+def replay_books(spec, drafter, questions: list[str], max_new_tokens: int) -> list[list[tuple]]:
+    """Per text, per answer position: (tokens, parents, scores, truth) of the drafter's full candidate set."""
+    from tqdm import tqdm
+
+    from eyas.drafters.base import TargetFeatures
+    from eyas.tree_replay import text_features
+
+    target = spec.target.model
+    texts = []
+    for q in tqdm(questions, desc="replaying"):
+        prompt = spec.encode(q)
+        answer = spec.generate(q, max_new_tokens=max_new_tokens, speculate=False).token_ids
+        ids = torch.cat([prompt, torch.tensor(answer, dtype=torch.long)])
+        p, n = prompt.shape[0], ids.shape[0]
+        feats = text_features(target, ids, drafter.taps)
+
+        def rows(a: int, b: int, f=feats) -> TargetFeatures:
+            return TargetFeatures(hidden=f.hidden[a:b], taps={k: v[a:b] for k, v in f.taps.items()})
+
+        with torch.inference_mode():
+            drafter.start(n + 1)
+            drafter.extend(ids[1 : p + 1], rows(0, p))
+            truth, books = ids.tolist(), []
+            for j in range(p, n - 1):
+                drafter.draft_candidates(ids[: j + 1])
+                books.append((*drafter.expansion.builder.candidates(), truth[j + 1 :]))
+                drafter.extend(ids[j + 1 : j + 2], rows(j, j + 1))
+        texts.append(books)
+    return texts
+
+
+def position(tok, par, score, truth):
+    """(depth, key, true path slots, best key by depth) of one position's candidates."""
+    n = len(tok)
+    depth, key = [0] * n, [math.inf] * n
+    for s in range(1, n):
+        depth[s], key[s] = depth[par[s]] + 1, min(score[s], key[par[s]])
+    child = {(par[s], tok[s]): s for s in range(1, n)}
+    path, node = [], 0
+    for t in truth:
+        node = child.get((node, t), -1)
+        if node < 0:
+            break
+        path.append(node)
+    best: dict[int, float] = {}
+    for s in range(1, n):
+        best[depth[s]] = max(best.get(depth[s], -math.inf), key[s])
+    return depth, key, path, best
+
+
+def replay(texts, choose, cost, draft, k: int) -> tuple[float, float]:
+    """(τ, tokens per second) of decoding every text with ``choose(depth, key, best) -> (levels, kept)``."""
+    from eyas.tree.sizing import interpolate
+
+    tokens = steps = 0
+    seconds = 0.0
+    for books in texts:
+        pos = [position(*b) for b in books]
+        j = 0
+        while j < len(pos):
+            depth, key, path, best = pos[j]
+            levels, kept = choose(depth, key, best)
+            ranked = sorted((s for s in range(1, len(depth)) if depth[s] <= levels), key=lambda s: (-key[s], s))
+            keep = set(ranked[:kept])
+            accepted = next((i for i, s in enumerate(path) if s not in keep or depth[s] > levels), len(path))
+            new = min(accepted + 1, len(pos) - j)
+            tokens, steps, j = tokens + new, steps + 1, j + new
+            drafting = draft.per_step + (levels - 1) * (draft.per_level + k * draft.per_node)
+            seconds += interpolate(cost, kept + 1) + drafting
+    return tokens / steps, tokens / seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--questions", required=True)
+    ap.add_argument("--limit", type=int, default=24)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--depth", type=int, default=6)
+    ap.add_argument("--costs", default=None, help="a tree_costs JSON (default: this machine's, measured if missing)")
+    a = ap.parse_args()
+    import eyas
+    from eyas.autotree import ADAPTIVE_MAX_TOTAL, head_dir_of, load_profile, machine_costs
+    from eyas.drafters.eagle3 import Eagle3Drafter
+    from eyas.drafters.loading import DrafterSpec
+    from eyas.tree.budget import StepBudget
+    from eyas.tree.dynamic import DynamicTreeConfig
+    from eyas.tree.sizing import DraftCost, interpolate, step_budget
+
+    spec = eyas.load(dtype="bfloat16")  # sizes the default's tree: the choice the budget is priced from
+    choice = spec.tree_choice
+    head_dir = head_dir_of(spec.target, DrafterSpec("default"))
+    if a.costs:
+        d = json.load(open(a.costs))
+        cost, draft = {int(w): s for w, s in d["step_seconds"].items()}, DraftCost(**d["draft"])
+    else:
+        cost, draft = machine_costs(spec.target, head_dir, True, hybrid=True)
+    budget: StepBudget = step_budget(choice, cost, draft, load_profile(head_dir), ADAPTIVE_MAX_TOTAL)
+    k = budget.top_k
+    most = DynamicTreeConfig(k, a.depth, 1).max_candidates
+    drafter = Eagle3Drafter(target_model=spec.target.model, path=head_dir, tree=f"dynamic:{k},{a.depth},{most}")
+    qs = [json.loads(line)["turns"][0] for line in open(a.questions)][: a.limit]
+    texts = replay_books(spec, drafter, qs, a.max_new_tokens)
+    plain = 1.0 / interpolate(cost, 1)
+
+    def fixed(d: int, t: int):
+        return lambda depth, key, best: (d, t)
+
+    def adaptive(depth, key, best):
+        levels = 1
+        while levels < a.depth and budget.keep_feeding(best.get(levels, -math.inf)):
+            levels += 1
+        keys = sorted((key[s] for s in range(1, len(depth)) if depth[s] <= levels), reverse=True)
+        return levels, budget.total(keys[: budget.max_total])
+
+    rows = [(f"dynamic:{k},{d},{t}", *replay(texts, fixed(d, t), cost, draft, k))
+            for d in range(1, a.depth + 1) for t in range(1, ADAPTIVE_MAX_TOTAL + 1)
+            if t <= DynamicTreeConfig(k, d, 1).max_candidates]
+    rows.sort(key=lambda r: -r[2])
+    print(f"{len(texts)} texts, plain {plain:.1f} tok/s on the table; the sizer's fixed pick {choice.fixed_spec}")
+    for name, tau, rate in [(budget.spec, *replay(texts, adaptive, cost, draft, k)), *rows[:5]]:
+        print(f"{rate / plain:6.3f}x  tau {tau:.3f}  {name}")
+
+
+if __name__ == "__main__":
+    main()
