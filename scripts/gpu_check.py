@@ -44,6 +44,9 @@ def main() -> int:
                                           tree="dynamic:4,4,12"),
             "eagle-static": EagleDrafter(target_model=target, head=random_head(target.config, 1, dtype).to(dev),
                                          tree="static:mc_sim_7b_63"),
+            # a tree sized per step (eyas.tree.budget): feed 0 feeds every level, the prices cut its size
+            "eagle-adaptive": EagleDrafter(target_model=target, head=random_head(target.config, 1, dtype).to(dev),
+                                           tree="adaptive:4,4,0,0/0/0.002/0.005/0.01/0.02/0.04/0.08"),
         }
         gen = torch.Generator().manual_seed(0)
         prompts = [torch.randint(0, 96, (n,), generator=gen).to(dev) for n in (1, 9, 40)]
