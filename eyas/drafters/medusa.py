@@ -375,6 +375,9 @@ def make_medusa_tree(spec: str | None, num_heads: int, device: torch.device | st
     kind, _, arg = spec.partition(":")
     if kind == "static":
         return _StaticMedusaTree(parse_choices(arg or DEFAULT_TREE), num_heads, torch.device(device))
+    if kind == "adaptive":
+        raise ValueError(f"tree {spec!r}: adaptive trees size an EAGLE head's tree step by step (eyas.tree.budget); "
+                         "Medusa heads take static[:PRESET|CHOICES], chain[:K] or dynamic[:top_k,depth,total]")
     try:
         nums = [int(x) for x in arg.split(",")] if arg else []
     except ValueError:

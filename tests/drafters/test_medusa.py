@@ -157,6 +157,7 @@ def test_default_tree_is_medusa_preset_cut_to_the_heads(llama):
 
 @pytest.mark.parametrize(("spec", "match"), [("dynamic:4,5,10", "exceeds the 3 Medusa heads"),
                                              ("dynamic:a", "take ints"), ("bushy", "unknown tree"),
+                                             ("adaptive:2,4,0.4,0.1", "adaptive trees size an EAGLE"),
                                              ("static:nope", "unknown tree preset")])
 def test_bad_tree_specs(spec, match):
     with pytest.raises(ValueError, match=match):
