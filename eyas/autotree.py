@@ -47,8 +47,8 @@ from eyas.types import DraftOutput
 
 WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # verify widths measured (nodes, root included)
 CONTEXT = 160  # prompt tokens before the timed steps (a typical chat prompt)
-# most draft tokens an adaptive tree keeps: past 8 nodes a verify row costs ~0.9 ms on the Zen 5 VM, which the
-# head's candidates there (path probability < 0.1) do not return
+# most draft tokens an adaptive tree keeps on a CPU (adaptive_max_total): past 8 nodes a verify row costs ~0.9 ms on
+# the Zen 5 VM, which the head's candidates there (path probability < 0.1) do not return
 ADAPTIVE_MAX_TOTAL = 7
 
 
@@ -268,5 +268,12 @@ def size_tree_for(target: LoadedTarget, spec: DrafterSpec, exact: bool | None = 
     extra = hybrid_extra_tau(head_dir) if spec.name == "hybrid" else None
     choice = choose_tree(cost, draft, profile, max_nodes=max_nodes, extra_tau=extra)
     if os.environ.get("EYAS_ADAPTIVE_TREE", "1") != "0":  # sized step by step at the fixed tree's prices
-        choice.budget = step_budget(choice, cost, draft, profile, max_total=min(ADAPTIVE_MAX_TOTAL, max_nodes - 1))
+        choice.budget = step_budget(choice, cost, draft, profile, max_total=adaptive_max_total(choice, max_nodes))
     return choice
+
+
+def adaptive_max_total(choice: TreeChoice, max_nodes: int) -> int:
+    """Most draft tokens an adaptive step may keep: ``ADAPTIVE_MAX_TOTAL``, or twice the fixed tree where rows are
+    cheap enough for it to be larger (a GPU: the sizer picks trees of 32 nodes there), within ``max_nodes``.
+    """
+    return min(max(ADAPTIVE_MAX_TOTAL, 2 * choice.total_tokens), max_nodes - 1)

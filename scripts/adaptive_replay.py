@@ -102,22 +102,23 @@ def main() -> None:
     ap.add_argument("--costs", default=None, help="a tree_costs JSON (default: this machine's, measured if missing)")
     a = ap.parse_args()
     import eyas
-    from eyas.autotree import ADAPTIVE_MAX_TOTAL, head_dir_of, load_profile, machine_costs
+    from eyas.autotree import adaptive_max_total, head_dir_of, load_profile, machine_costs
     from eyas.drafters.eagle3 import Eagle3Drafter
     from eyas.drafters.loading import DrafterSpec
-    from eyas.tree.budget import StepBudget
     from eyas.tree.dynamic import DynamicTreeConfig
-    from eyas.tree.sizing import DraftCost, interpolate, step_budget
+    from eyas.tree.sizing import DraftCost, choose_tree, interpolate, step_budget
 
-    spec = eyas.load(dtype="bfloat16")  # sizes the default's tree: the choice the budget is priced from
-    choice = spec.tree_choice
-    head_dir = head_dir_of(spec.target, DrafterSpec("default"))
+    spec = eyas.load(dtype="bfloat16", drafter="none")
+    head_dir = head_dir_of(spec.target, DrafterSpec("hybrid"))
     if a.costs:
         d = json.load(open(a.costs))
         cost, draft = {int(w): s for w, s in d["step_seconds"].items()}, DraftCost(**d["draft"])
     else:
         cost, draft = machine_costs(spec.target, head_dir, True, hybrid=True)
-    budget: StepBudget = step_budget(choice, cost, draft, load_profile(head_dir), ADAPTIVE_MAX_TOTAL)
+    profile = load_profile(head_dir)
+    choice = choose_tree(cost, draft, profile, max_nodes=32)  # what eyas.autotree picks and prices for the default
+    budget = step_budget(choice, cost, draft, profile, adaptive_max_total(choice, 32))
+    most_total = budget.max_total
     k = budget.top_k
     most = DynamicTreeConfig(k, a.depth, 1).max_candidates
     drafter = Eagle3Drafter(target_model=spec.target.model, path=head_dir, tree=f"dynamic:{k},{a.depth},{most}")
@@ -136,7 +137,7 @@ def main() -> None:
         return levels, budget.total(keys[: budget.max_total])
 
     rows = [(f"dynamic:{k},{d},{t}", *replay(texts, fixed(d, t), cost, draft, k))
-            for d in range(1, a.depth + 1) for t in range(1, ADAPTIVE_MAX_TOTAL + 1)
+            for d in range(1, a.depth + 1) for t in range(1, most_total + 1)
             if t <= DynamicTreeConfig(k, d, 1).max_candidates]
     rows.sort(key=lambda r: -r[2])
     print(f"{len(texts)} texts, plain {plain:.1f} tok/s on the table; the sizer's fixed pick {choice.fixed_spec}")

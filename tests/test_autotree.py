@@ -18,7 +18,7 @@ from eyas import autotree
 from eyas.drafters.eagle3 import random_eagle3_head
 from eyas.drafters.loading import DrafterSpec
 from eyas.models.loading import LoadedTarget
-from eyas.tree.sizing import AcceptanceProfile, DraftCost, choose_tree, step_budget
+from eyas.tree.sizing import AcceptanceProfile, DraftCost, TreeChoice, choose_tree, step_budget
 
 PROFILE = [[0.4, 0.1, 0.05], [0.45, 0.1, 0.05], [0.5, 0.1]]
 
@@ -90,7 +90,9 @@ def test_choice_is_measured_once_then_cached(fake_head):
     fixed = choose_tree(table, draft, AcceptanceProfile(PROFILE), max_nodes=32)
     assert a.fixed_spec == fixed.spec and a.predicted_tok_s == fixed.predicted_tok_s
     # sized step by step at the fixed tree's prices (eyas.tree.budget), deterministic given the table
-    assert a.budget == step_budget(fixed, table, draft, AcceptanceProfile(PROFILE), autotree.ADAPTIVE_MAX_TOTAL)
+    most = autotree.adaptive_max_total(fixed, 32)
+    assert most == max(autotree.ADAPTIVE_MAX_TOTAL, 2 * fixed.total_tokens)
+    assert a.budget == step_budget(fixed, table, draft, AcceptanceProfile(PROFILE), most)
     assert a.spec == a.budget.spec and a.spec.startswith(f"adaptive:{fixed.top_k},")
     files = list((autotree.cache_root() / "tree_costs").glob("*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["key"]["target"] == "tiny"
@@ -204,3 +206,14 @@ def test_step_costs_never_fall_with_width(llama, monkeypatch):
     monkeypatch.setattr(autotree, "_step_times", lambda dec, prompt: [next(times) for _ in range(4)])
     cost = autotree.measure_step_costs(llama, False, widths=(1, 3, 8), steps=3, rounds=1)
     assert cost == {1: 0.9, 3: 0.9, 8: 1.0}
+
+
+def test_adaptive_trees_may_grow_past_the_cpu_cap_where_the_fixed_tree_is_large():
+    """On a GPU the sizer picks trees of ~32 nodes; an adaptive step may keep twice the fixed tree, within max_nodes."""
+    def choice(total: int) -> TreeChoice:
+        return TreeChoice(top_k=8, depth=6, total_tokens=total, predicted_tau=3.0, predicted_tok_s=100.0,
+                          plain_tok_s=40.0, step_ms=30.0)
+
+    assert autotree.adaptive_max_total(choice(2), 32) == autotree.ADAPTIVE_MAX_TOTAL  # a CPU's small tree
+    assert autotree.adaptive_max_total(choice(12), 32) == 24
+    assert autotree.adaptive_max_total(choice(31), 32) == 31
