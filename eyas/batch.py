@@ -72,6 +72,15 @@ class _Row:
 
 
 @dataclass
+class _RowDraft:
+    """One row's proposal for a batched step."""
+
+    draft: DraftOutput  # the tree verified (cut to ``cut`` nodes)
+    full_nodes: int  # nodes the drafter proposed; 0: the row did not draft (a plain step)
+    cut: int  # the width the tree was cut to (the drafter's max_nodes: not cut)
+
+
+@dataclass
 class _Pending:
     """A row whose prompt is being prefilled, one chunk per step, in its own 1-row cache."""
 
@@ -205,28 +214,29 @@ class BatchDecoder:
         width = self.policy.width(len(self.rows)) if self.policy is not None else None
         drafts = [self._draft(r, width) for r in self.rows]
         drafting = time.perf_counter() - t0
-        out, w = self.verify_forward([d.tree for d, _ in drafts])
+        out, w = self.verify_forward([d.draft.tree for d in drafts])
         events = []
-        for b, (row, (draft, full_nodes)) in enumerate(zip(self.rows, drafts, strict=True)):
+        for b, (row, rd) in enumerate(zip(self.rows, drafts, strict=True)):
+            draft = rd.draft
             n = draft.tree.num_nodes
             out_b = ForwardOutput(
                 out.logits[b : b + 1, :n], out.hidden[b : b + 1, :n], {k: v[b : b + 1, :n] for k, v in out.taps.items()}
             )
             dec = row.dec
             ver = dec.accept(row.seq, draft, out_b)
-            if self.policy is not None and full_nodes > 0:  # drafted, a miss (root only) included
-                self.policy.curve.observe(full_nodes, n, ver.path.tolist())
+            if self.policy is not None and rd.full_nodes > 0:  # drafted, a miss (root only) included
+                self.policy.curve.observe(rd.full_nodes, rd.cut, ver.path.tolist())
             events.append((row.key, dec.emit(row.seq, ver.tokens, ver.num_accepted)))
         if self.policy is not None:
             spent = time.perf_counter() - t0
             self.policy.cost.observe(len(self.rows) * w, len(self.rows), spent - drafting)
-            drafted = sum(1 for _, full in drafts if full > 0)
+            drafted = sum(1 for d in drafts if d.full_nodes > 0)
             if drafted:
                 self.policy.observe_draft(drafting / drafted)
         return events
 
-    def _draft(self, row: _Row, width: int | None) -> tuple[DraftOutput, int]:
-        """The row's tree (cut to ``width``) and the drafted tree's size (0: not drafted)."""
+    def _draft(self, row: _Row, width: int | None) -> _RowDraft:
+        """The row's tree cut to ``width`` (None: not cut), and what the drafter proposed."""
         dec = row.dec
         if dec.cfg.seed is not None and not dec.cfg.sampling.greedy:
             width = None  # seeded sampling reproduces eyas generate only with the full trees
@@ -234,9 +244,12 @@ class BatchDecoder:
         # plain steps in exact mode: its tokens stay those of --drafter none, only slower
         no_mirror = row.seq.mirror is None and self.target.path_kernel() is None
         if dec.drafter is None or width == 1 or (self.own_caches and no_mirror):
-            return root_only(row.seq), 0
+            return _RowDraft(root_only(row.seq), 0, 1)
         draft = dec.draft(row.seq)
-        return (draft if width is None else cut_tree(draft, width)), draft.tree.num_nodes
+        full = draft.tree.num_nodes
+        if width is None:
+            return _RowDraft(draft, full, dec.drafter.max_nodes)
+        return _RowDraft(cut_tree(draft, width), full, width)
 
     def verify_forward(self, trees: list[Tree]) -> tuple[ForwardOutput, int]:
         """One target forward over every row's tree: [B, W] tokens at per-row slots."""

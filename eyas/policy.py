@@ -4,7 +4,7 @@ With B rows in a batch, verifying trees cut to their first ``w`` nodes costs one
 forward over B * w tokens plus the drafting, and yields ``tau(w)`` tokens per row. The
 policy picks, before every batched step, the width with the most tokens per second:
 
-    rate(w) = B * tau(w) / (cost(B * w, B) + B * draft_cost * [w > 1])      w = 1 is plain decoding
+    rate(w) = B * tau(w) / (cost(B * n(w), B) + B * draft_cost * [w > 1])      w = 1 is plain decoding
 
 Everything on the right is measured, none of it assumed:
 
@@ -15,7 +15,9 @@ Everything on the right is measured, none of it assumed:
   topological order, so the accepted path's node indices increase and a cut at w keeps
   exactly the accepted nodes with index < w: every verified step measures tau(w) for all
   w up to its width at once (a counterfactual that is exact for greedy verification);
-* ``draft_cost``: seconds per row to propose a tree (EMA).
+* ``draft_cost``: seconds per row to propose a tree (EMA);
+* ``n(w)``: tokens per row in the forward, w for a drafter whose trees are always full, fewer for one that sizes
+  its trees per step (eyas.tree.budget): the expected widest row of B, each min(w, its tree), from the sizes seen.
 
 At low load drafting pays and trees stay full; as B grows the forward leaves the flat,
 memory-bound part of ``cost`` and the policy narrows the trees, then drops to plain
@@ -91,22 +93,44 @@ class CostTable:
 
 
 class AcceptanceCurve:
-    """tau(w) for w = 1 .. max_nodes: decayed mean tokens per step with trees cut to w nodes."""
+    """tau(w) for w = 1 .. max_nodes: decayed mean tokens per step with trees cut to w nodes; and how large the
+    drafted trees are (a drafter that sizes its trees per step, eyas.tree.budget, often drafts fewer than w nodes).
+    """
 
     def __init__(self, max_nodes: int, ema: float) -> None:
         self.max_nodes, self.ema = max_nodes, ema
         self.tau = [1.0] * (max_nodes + 1)  # index w; tau[1] = 1 (plain) by definition
         self.seen = [0] * (max_nodes + 1)
+        # size[n]: decayed share of drafted trees with n nodes; until one is seen, every tree is full
+        self.size = [0.0] * max_nodes + [1.0]
+        self.sizes_seen = 0
 
-    def observe(self, tree_nodes: int, verified: int, path: list[int]) -> None:
-        """tree_nodes: drafted tree size; verified: nodes verified (the cut); path: accepted nodes."""
-        # a cut at w is known for every w <= verified, and for every w when nothing was cut
-        top = self.max_nodes if tree_nodes <= verified else verified
-        for w in range(2, top + 1):
+    def observe(self, tree_nodes: int, cut: int, path: list[int]) -> None:
+        """tree_nodes: drafted tree size; cut: the width it was cut to (max_nodes: not cut); path: accepted nodes.
+
+        A cut at w is known for every w <= cut. Widths past the cut are left to the steps that verify full trees:
+        counting the trees that happened to fit under the cut there (small, unsure ones) and not the others would
+        bias tau(w) low for the widths the policy does not use.
+        """
+        for w in range(2, min(cut, self.max_nodes) + 1):
             value = 1.0 + sum(1 for p in path[1:] if p < w)
             a = max(self.ema, 1.0 / (self.seen[w] + 1))  # plain mean until the EMA takes over
             self.tau[w] = (1 - a) * self.tau[w] + a * value
             self.seen[w] += 1
+        a = max(self.ema, 1.0 / (self.sizes_seen + 1))
+        self.size = [(1 - a) * p for p in self.size]
+        self.size[max(1, min(tree_nodes, self.max_nodes))] += a
+        self.sizes_seen += 1
+
+    def tokens(self, w: int, rows: int) -> float:
+        """Expected tokens per row in a forward of ``rows`` rows whose trees are cut to ``w``: rows are padded to the
+        widest, so E[max over rows of min(w, size)] = sum over m <= w of P(some row keeps >= m nodes).
+        """
+        out, below = 0.0, 0.0  # below: P(size < m)
+        for m in range(1, w + 1):
+            out += 1.0 - below**rows
+            below += self.size[m]
+        return out
 
 
 class SpecPolicy:
@@ -139,9 +163,10 @@ class SpecPolicy:
         return w
 
     def rate(self, batch: int, w: int) -> float:
-        """Predicted tokens per second for ``batch`` rows verifying ``w`` nodes each."""
+        """Predicted tokens per second for ``batch`` rows verifying trees cut to ``w`` nodes."""
         draft = batch * self.draft_cost if w > 1 else 0.0
-        return batch * self.curve.tau[w] / max(self.cost(batch * w, batch) + draft, 1e-9)
+        tokens = batch * self.curve.tokens(w, batch) if w > 1 else batch
+        return batch * self.curve.tau[w] / max(self.cost(tokens, batch) + draft, 1e-9)
 
     def observe_draft(self, seconds_per_row: float) -> None:
         a = self.cfg.ema

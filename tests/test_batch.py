@@ -154,12 +154,51 @@ def test_per_row_cache_writes():
 
 def test_acceptance_curve_counterfactual():
     curve = AcceptanceCurve(max_nodes=6, ema=1.0)
-    curve.observe(tree_nodes=6, verified=6, path=[0, 1, 4])  # nodes 1 and 4 accepted
+    curve.observe(tree_nodes=6, cut=6, path=[0, 1, 4])  # nodes 1 and 4 accepted
     assert curve.tau[2:] == [2.0, 2.0, 2.0, 3.0, 3.0]  # a cut below node 4 keeps only node 1
-    curve.observe(tree_nodes=6, verified=3, path=[0, 2])  # cut at 3: w > 3 unknown, untouched
+    curve.observe(tree_nodes=6, cut=3, path=[0, 2])  # cut at 3: w > 3 unknown, untouched
     assert curve.tau[2:] == [1.0, 2.0, 2.0, 3.0, 3.0] and curve.seen[4] == 1
-    curve.observe(tree_nodes=1, verified=1, path=[0])  # a drafter miss: one token at every width
+    curve.observe(tree_nodes=1, cut=6, path=[0])  # a drafter miss on a full-width step: one token at every width
     assert curve.tau[2:] == [1.0] * 5 and curve.seen[6] == 2
+
+
+def test_small_trees_under_a_cut_do_not_bias_the_wider_widths():
+    """A drafter that sizes its trees (eyas.tree.budget) drafts small trees when unsure and large ones when sure.
+    Steps cut at w say nothing about wider widths, even for trees that fit under the cut: counting only those
+    (the unsure ones) made tau(6) read below tau(4) in `eyas serve`, and the policy then cut the sure trees."""
+    curve = AcceptanceCurve(max_nodes=6, ema=0.5)
+    for _ in range(4):
+        curve.observe(tree_nodes=6, cut=6, path=[0, 1, 2, 3, 5])  # sure: 4 accepted, one of them past node 4
+    for _ in range(20):
+        curve.observe(tree_nodes=6, cut=4, path=[0, 1, 2, 3])  # sure trees cut at 4
+        curve.observe(tree_nodes=2, cut=4, path=[0])  # unsure trees, under the cut
+    assert curve.tau[6] == pytest.approx(5.0) and curve.seen[6] == 4
+    assert curve.tau[6] > curve.tau[4]
+
+
+def test_expected_forward_tokens_from_the_tree_sizes():
+    curve = AcceptanceCurve(max_nodes=8, ema=1.0)
+    assert curve.tokens(4, 1) == 4 and curve.tokens(8, 3) == 8  # nothing seen: full trees
+    curve.observe(tree_nodes=3, cut=8, path=[0])
+    assert curve.tokens(8, 1) == 3 and curve.tokens(2, 1) == 2
+    curve = AcceptanceCurve(max_nodes=8, ema=0.5)
+    curve.observe(tree_nodes=2, cut=8, path=[0])  # first observation: weight 1
+    curve.observe(tree_nodes=8, cut=8, path=[0])  # then half: P(2) = P(8) = 0.5
+    assert curve.tokens(8, 1) == pytest.approx(5.0)  # 0.5 * 2 + 0.5 * 8
+    assert curve.tokens(8, 2) == pytest.approx(6.5)  # the wider of two rows: 2 only if both are 2 (0.25)
+    assert curve.tokens(4, 2) == pytest.approx(3.5)  # cut at 4: 2 w.p. 0.25, else 4
+
+
+def test_the_policy_keeps_full_width_for_a_drafter_that_sizes_its_own_trees():
+    """Trees of 3 nodes mostly, 8 when sure: cost(8) is not paid on most steps, so the full width wins."""
+    cost = CostTable({1: 1.0, 2: 1.1, 3: 1.1, 4: 1.25, 8: 1.9})
+    policy = SpecPolicy(8, PolicyConfig(min_observations=1), cost)
+    for _ in range(10):
+        for _ in range(4):
+            policy.curve.observe(3, 8, [0, 1])  # unsure: 2 tokens
+        policy.curve.observe(8, 8, [0, 1, 2, 3, 4, 6])  # sure: 6 tokens, two of them past node 4
+    assert policy.best(1) == 8
+    assert policy.curve.tokens(8, 1) == pytest.approx(4.0, abs=0.3)
 
 
 def test_drafter_misses_count_in_tau(tiny):
@@ -183,7 +222,7 @@ def test_policy_narrows_as_the_batch_grows():
     policy = SpecPolicy(9, PolicyConfig(min_observations=1), cost)
     policy.observe_draft(0.05)
     for _ in range(3):
-        policy.curve.observe(9, 9, [0, 1, 3, 8])  # tau(2) = 2, tau(4) = 3, tau(9) = 4
+        policy.curve.observe(9, 9, [0, 1, 3, 8])  # tau(2) = 2, tau(4) = 3, tau(9) = 4 (full trees of 9)
     widths = [policy.width(b) for b in (1, 2, 4, 16)]
     assert widths[0] == 9 and widths[-1] == 1
     assert widths == sorted(widths, reverse=True)

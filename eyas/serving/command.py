@@ -112,12 +112,45 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from eyas.serving.engine import ServeLimits
 
     http = http_config(a)
-    spec = eyas.load(model=a.model, drafter=a.drafter, dtype=a.dtype, backend=a.backend, tree=a.tree,
-                     quantize=a.quantize)
     limits = ServeLimits(
         max_queue=a.max_queue, max_tokens=a.max_tokens_limit, max_prompt_tokens=a.max_prompt_tokens,
         max_batch=a.max_batch, spec_policy=a.spec_policy, calibrate=not a.no_calibrate,
     )
-    app = create_app(spec, a.served_model_name or served_name(a.model), limits, http)
+
+    def build():
+        spec = eyas.load(model=a.model, drafter=a.drafter, dtype=a.dtype, backend=a.backend, tree=a.tree,
+                         quantize=a.quantize)
+        return create_app(spec, a.served_model_name or served_name(a.model), limits, http)
+
+    app = off_main_thread(build)
     uvicorn.run(app, host=a.host, port=a.port, log_level="info")
     return 0
+
+
+def off_main_thread(fn):
+    """``fn()`` run in a thread that ends with it; its result returned, its exception raised here.
+
+    The model runs in the engine's worker thread. Loading it in the main thread would leave the main thread
+    an OpenMP thread pool of its own (torch's libgomp keeps one per thread that opened a parallel region, until
+    that thread exits); with two pools on a 2-core machine libgomp counts more threads than cores and stops
+    spinning between parallel regions, so every one of a decode step's ~200 small regions waits on a futex.
+    Measured on the Zen 5 VM, bf16: the 121 projections of a 1-token forward 4.5 ms in one pool against 8.8 ms
+    with a second; `eyas serve` at one client decoded 61.7 tok/s plainly (`--spec-policy never`) where
+    `eyas generate` makes ~150 (docs/benchmarks.md).
+    """
+    import threading
+
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["out"] = fn()
+        except BaseException as e:  # re-raised in the caller's thread: the CLI prints it as before
+            box["err"] = e
+
+    t = threading.Thread(target=run, name="eyas-load")
+    t.start()
+    t.join()
+    if "err" in box:
+        raise box["err"]
+    return box["out"]

@@ -87,3 +87,26 @@ def test_http_flags_and_api_key_env(monkeypatch):
 def test_bad_http_flags_are_user_errors(flags):
     with pytest.raises(ValueError, match=flags[0]):
         cmd_serve(_parse(*flags))
+
+
+def test_the_model_is_built_off_the_main_thread():
+    """The main thread must not open an OpenMP pool (eyas.serving.command.off_main_thread): the builder runs in
+    a thread of its own that has ended when the result comes back, and its errors reach the caller."""
+    import threading
+
+    from eyas.serving.command import off_main_thread
+
+    seen = {}
+
+    def build():
+        seen["thread"] = threading.current_thread()
+        return "app"
+
+    assert off_main_thread(build) == "app"
+    assert seen["thread"] is not threading.main_thread() and not seen["thread"].is_alive()
+
+    def bad():
+        raise ValueError("drafter path 'x' does not exist")
+
+    with pytest.raises(ValueError, match="does not exist"):
+        off_main_thread(bad)
