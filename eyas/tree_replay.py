@@ -57,19 +57,27 @@ def path_ranks(builder: DynamicTreeBuilder, truth: list[int], max_depth: int) ->
     depth = [0] * len(tok)
     for s in range(1, len(tok)):  # a parent's slot is below its children's
         depth[s] = depth[par[s]] + 1
-    children: dict[tuple[int, int], int] = {(par[s], tok[s]): s for s in range(1, len(tok))}
-    path, node = [], 0
-    for t in truth[:max_depth]:
-        node = children.get((node, t), -1)
-        if node < 0:
-            break
-        path.append(node)
+    path = true_path(tok, par, truth[:max_depth])
     order = builder.ranking()
     out = []
     for d in range(1, max_depth + 1):
         rank = {s: r for r, s in enumerate(s for s in order if depth[s] <= d)}
         out.append([rank[s] for s in path[:d]])
     return out
+
+
+def true_path(tokens: list[int], parents: list[int], truth: list[int]) -> list[int]:
+    """Slots of the candidates the text ``truth`` (the tokens after the root) follows from the root, in depth order:
+    the path greedy verification would accept if every candidate were kept.
+    """
+    children = {(parents[s], tokens[s]): s for s in range(1, len(tokens))}
+    path, node = [], 0
+    for t in truth:
+        node = children.get((node, t), -1)
+        if node < 0:
+            break
+        path.append(node)
+    return path
 
 
 def accepted_table(ranks: list[list[int]], max_total: int) -> np.ndarray:
@@ -105,6 +113,18 @@ def replay_text(drafter, ids: torch.Tensor, prompt_len: int, feats: TargetFeatur
     ``drafter``: an EAGLE-style drafter built with ``replay_tree(k, cfg)``; ``ids`` [n] = prompt
     (``prompt_len`` tokens) + the target's greedy answer; ``feats``: ``text_features`` of ``ids``.
     """
+    tables = [accepted_table(path_ranks(builder, truth, cfg.max_depth), cfg.max_total)
+              for builder, truth in draft_along(drafter, ids, prompt_len, feats)]
+    return np.stack(tables) if tables else np.zeros((0, cfg.max_depth, cfg.max_total), dtype=np.int8)
+
+
+@torch.inference_mode()
+def draft_along(drafter, ids: torch.Tensor, prompt_len: int, feats: TargetFeatures):
+    """At every answer position of one text, the drafter's full candidate set: yields (its expansion's builder,
+    the text after the root); the drafter then reads the next token and its feature, as decoding commits it.
+
+    Arguments as ``replay_text``'s. Read each builder before asking for the next: it is reused.
+    """
     def rows(a: int, b: int) -> TargetFeatures:
         return TargetFeatures(hidden=feats.hidden[a:b], taps={k: v[a:b] for k, v in feats.taps.items()})
 
@@ -112,13 +132,10 @@ def replay_text(drafter, ids: torch.Tensor, prompt_len: int, feats: TargetFeatur
     drafter.start(n + 1)
     drafter.extend(ids[1 : prompt_len + 1], rows(0, prompt_len))  # root: the first answer token
     truth = ids.tolist()
-    tables = []
     for j in range(prompt_len, n - 1):
         drafter.draft_candidates(ids[: j + 1])
-        ranks = path_ranks(drafter.expansion.builder, truth[j + 1 :], cfg.max_depth)
-        tables.append(accepted_table(ranks, cfg.max_total))
+        yield drafter.expansion.builder, truth[j + 1 :]
         drafter.extend(ids[j + 1 : j + 2], rows(j, j + 1))
-    return np.stack(tables) if tables else np.zeros((0, cfg.max_depth, cfg.max_total), dtype=np.int8)
 
 
 def trajectory_tau(acc: np.ndarray) -> tuple[int, int]:

@@ -21,54 +21,35 @@ import math
 import torch
 
 
-def replay_books(spec, drafter, questions: list[str], max_new_tokens: int) -> list[list[tuple]]:
-    """Per text, per answer position: (tokens, parents, scores, truth) of the drafter's full candidate set."""
+def replay_books(spec, drafter, questions: list[str], max_new_tokens: int, depth: int) -> list[list[tuple]]:
+    """Per text, per answer position: (depth, key, true path, best key by depth) of the drafter's full candidates."""
     from tqdm import tqdm
 
-    from eyas.drafters.base import TargetFeatures
-    from eyas.tree_replay import text_features
+    from eyas.tree_replay import draft_along, text_features
 
-    target = spec.target.model
     texts = []
     for q in tqdm(questions, desc="replaying"):
         prompt = spec.encode(q)
         answer = spec.generate(q, max_new_tokens=max_new_tokens, speculate=False).token_ids
         ids = torch.cat([prompt, torch.tensor(answer, dtype=torch.long)])
-        p, n = prompt.shape[0], ids.shape[0]
-        feats = text_features(target, ids, drafter.taps)
-
-        def rows(a: int, b: int, f=feats) -> TargetFeatures:
-            return TargetFeatures(hidden=f.hidden[a:b], taps={k: v[a:b] for k, v in f.taps.items()})
-
-        with torch.inference_mode():
-            drafter.start(n + 1)
-            drafter.extend(ids[1 : p + 1], rows(0, p))
-            truth, books = ids.tolist(), []
-            for j in range(p, n - 1):
-                drafter.draft_candidates(ids[: j + 1])
-                books.append((*drafter.expansion.builder.candidates(), truth[j + 1 :]))
-                drafter.extend(ids[j + 1 : j + 2], rows(j, j + 1))
-        texts.append(books)
+        feats = text_features(spec.target.model, ids, drafter.taps)
+        texts.append([position(b, truth[:depth]) for b, truth in draft_along(drafter, ids, prompt.shape[0], feats)])
     return texts
 
 
-def position(tok, par, score, truth):
+def position(builder, truth: list[int]):
     """(depth, key, true path slots, best key by depth) of one position's candidates."""
-    n = len(tok)
-    depth, key = [0] * n, [math.inf] * n
-    for s in range(1, n):
-        depth[s], key[s] = depth[par[s]] + 1, min(score[s], key[par[s]])
-    child = {(par[s], tok[s]): s for s in range(1, n)}
-    path, node = [], 0
-    for t in truth:
-        node = child.get((node, t), -1)
-        if node < 0:
-            break
-        path.append(node)
+    from eyas.tree_replay import true_path
+
+    tok, par, _ = builder.candidates()
+    depth = [0] * len(tok)
+    for s in range(1, len(tok)):  # a parent's slot is below its children's
+        depth[s] = depth[par[s]] + 1
+    key = [math.inf, *builder.keys(list(range(1, len(tok))))]
     best: dict[int, float] = {}
-    for s in range(1, n):
+    for s in range(1, len(tok)):
         best[depth[s]] = max(best.get(depth[s], -math.inf), key[s])
-    return depth, key, path, best
+    return depth, key, true_path(tok, par, truth), best
 
 
 def replay(texts, choose, cost, draft, k: int) -> tuple[float, float]:
@@ -77,8 +58,7 @@ def replay(texts, choose, cost, draft, k: int) -> tuple[float, float]:
 
     tokens = steps = 0
     seconds = 0.0
-    for books in texts:
-        pos = [position(*b) for b in books]
+    for pos in texts:
         j = 0
         while j < len(pos):
             depth, key, path, best = pos[j]
@@ -123,7 +103,7 @@ def main() -> None:
     most = DynamicTreeConfig(k, a.depth, 1).max_candidates
     drafter = Eagle3Drafter(target_model=spec.target.model, path=head_dir, tree=f"dynamic:{k},{a.depth},{most}")
     qs = [json.loads(line)["turns"][0] for line in open(a.questions)][: a.limit]
-    texts = replay_books(spec, drafter, qs, a.max_new_tokens)
+    texts = replay_books(spec, drafter, qs, a.max_new_tokens, a.depth)
     plain = 1.0 / interpolate(cost, 1)
 
     def fixed(d: int, t: int):
