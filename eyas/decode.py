@@ -21,9 +21,11 @@ from eyas.types import DraftOutput, SamplingParams, StepStats, Tree, VerifyOutpu
 from eyas.verify import TypicalConfig, logits_to_probs, sample, verify_greedy, verify_sampling, verify_typical
 
 # exact-mode prefill (prefill_spans, SpecDecoder.prefill_steps): chunk boundaries fall on multiples of
-# PREFILL_QUANTUM and key lengths on multiples of PREFILL_KV_BLOCK (torch's CPU flash attention's key block);
-# then no query's arithmetic depends on how the prompt was chunked (measured on SmolLM2 with chunks of 8 to
-# 1,280 tokens, and in tests/test_prefill.py)
+# PREFILL_QUANTUM (the projections' row floors); attention runs on the compiled path kernel where the target
+# has one (eyas.models.native.causal_paths: a row's bits depend only on the keys it attends), else torch's CPU
+# flash attention over key lengths on multiples of PREFILL_KV_BLOCK (its key block). Either way no query's
+# arithmetic depends on how the prompt was chunked (measured on SmolLM2 with chunks of 8 to 1,280 tokens, and
+# in tests/test_prefill.py)
 PREFILL_QUANTUM = 8
 PREFILL_KV_BLOCK = 512
 # a prompt token's projections cost about what attending this many keys costs (SmolLM2 on the 2-core VM:
@@ -194,7 +196,8 @@ class SpecDecoder:
         every chunk attends a key length rounded up to PREFILL_KV_BLOCK and pads its projections to their row
         floors; with chunk boundaries on multiples of PREFILL_QUANTUM that makes the cache bits independent of
         the chunking (measured, tests/test_prefill.py), so a server can prefill in small chunks between decode
-        steps and still give the tokens of eyas generate.
+        steps and still give the tokens of eyas generate. (Where the target has the compiled path kernel, exact
+        prefill attends through it instead, unpadded: eyas.models.native.causal_paths.)
         """
         t = prompt.shape[0]
         budget = t + self.cfg.max_new_tokens + self.width + 1

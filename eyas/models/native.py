@@ -15,7 +15,7 @@ from torch import nn
 
 from eyas.kv.static import KVCache
 from eyas.models.attention import KV_BLOCK, AttnMeta, attend, fused_path_attend, round_up
-from eyas.models.base import ForwardMeta, ForwardOutput, TargetModel, causal_mask
+from eyas.models.base import ForwardMeta, ForwardOutput, PathAttention, TargetModel, causal_mask
 from eyas.models.config import ModelConfig
 from eyas.models.exact import DecodeFloors, RowFloor, linear
 from eyas.models.layers import (  # noqa: F401  (re-exported: the heads build on these)
@@ -264,7 +264,7 @@ class NativeLlama(nn.Module, TargetModel):
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, meta: ForwardMeta) -> ForwardOutput:
         attn = self._attn_meta(tokens, cache, meta)
         # exact mode: decode / verification forwards (paths) may run on row-invariant kernels unpadded; prefill pads
-        floors = DecodeFloors(self.row_floors) if attn.paths is not None else self.row_floors if meta.exact else None
+        floors = self.row_floors if meta.exact else DecodeFloors(self.row_floors) if attn.paths is not None else None
         rope = self.rope(positions, cache.max_slots)
         x = self.embed(tokens)
         tapped = {}
@@ -291,6 +291,8 @@ class NativeLlama(nn.Module, TargetModel):
                     raise ValueError(f"path attention needs kv_len a multiple of {KV_BLOCK} within the cache and at "
                                      f"most {t} nodes, got kv_len {s}, {pa.order.shape[0]} nodes")
             return AttnMeta(start=start, kv_len=max(pa.kv_len for pa in paths), paths=paths)
+        if meta.exact and mask is None and b == 1 and isinstance(start, int) and self.path_kernel() is not None:
+            return AttnMeta(start=start, kv_len=round_up(start + t), paths=[causal_paths(start, t, self.path_kernel())])
         kv_len = kv_len if kv_len is not None else start + t
         if meta.row_lengths is not None and t == 1 and self.path_kernel() is not None:
             return AttnMeta(start=start, kv_len=kv_len, lengths=meta.row_lengths, kernel=self.path_kernel())
@@ -300,3 +302,16 @@ class NativeLlama(nn.Module, TargetModel):
 
     def commit(self, cache: KVCache, start: int, src: torch.Tensor) -> None:
         cache.commit(start, src)
+
+
+def causal_paths(start: int, t: int, kernel) -> PathAttention:
+    """Exact-mode prefill of ``t`` prompt tokens after ``start`` cached slots as path attention: row i attends
+    slots 0 .. start + i in order, through the compiled kernel, whose bits for a row depend only on the keys it
+    attends and their order. A prompt token's attention is then the one plain decoding would compute for it,
+    whatever the chunking, with no key padding (torch's flash attention needed keys padded to 512 for that).
+    """
+    order = torch.arange(t).expand(t, t)
+    pa = PathAttention(order=order, lengths=torch.arange(1, t + 1), start=start, kv_len=round_up(start + t),
+                       mirror=None, kernel=kernel)
+    pa.__dict__["slots"] = order + start  # the cached property, set without a copy of the order
+    return pa

@@ -58,11 +58,12 @@ def test_a_bf16_verify_forward_is_the_same_with_and_without_it(tiny, monkeypatch
     for fused in (True, False):
         monkeypatch.setattr(attention, "_layer_ops", (lambda: Spy()) if fused else (lambda: None))
         dec = SpecDecoder(target, None, DecodeConfig(max_new_tokens=8, exact=True))
-        seq = dec.prefill(prompt)
+        seq = dec.prefill(prompt)  # exact prefill attends through the kernel too (causal paths)
         tree = make_tree(torch.cat([seq.history[-1:], tiny.tokens(4, seed=5)[0]]), parents)
         out = dec.verify_forward(seq, tree)
         runs.append((out.logits, seq.cache.k.clone(), seq.cache.v.clone()))
-    assert [c[0] for c in calls] == [5] * target.config.num_layers  # the fused run took it in every layer
+    # the fused run took it in every layer, for the prompt and for the tree
+    assert [c[0] for c in calls] == [70] * target.config.num_layers + [5] * target.config.num_layers
     for a, b in zip(runs[0], runs[1], strict=True):
         assert torch.equal(a, b)
 
