@@ -77,6 +77,8 @@ class SpeedReport:
         steps = sum(r.steps for r in q)
         if steps:  # where a speculative step's time goes: drafting vs the rest (verify forward, commit)
             draft_s = sum(r.draft_seconds for r in q)
+            # mean_accepted averages the questions' tau; pooled over every step, hard questions (more steps) weigh more
+            out["mean_accepted_pooled"] = 1 + sum((r.mean_accepted - 1) * r.steps for r in q) / steps
             out.update({"draft_ms_per_step": 1000 * draft_s / steps,
                         "verify_commit_ms_per_step": 1000 * (sum(r.spec_seconds for r in q) - draft_s) / steps,
                         "plain_ms_per_token": 1000 * plain_s / tokens})
