@@ -31,6 +31,9 @@ PREFILL_KV_BLOCK = 512
 # a prompt token's projections cost about what attending this many keys costs (SmolLM2 on the 2-core VM:
 # 0.3 ms per token + 0.45 us per cached key), the unit of next_span's budget
 PREFILL_TOKEN_KEYS = 640
+# exact mode's prefill forwards hold at most this many prompt tokens (longer chunks are split, which changes no bit):
+# the path kernel's causal rows carry a [T, T] slot table (eyas.models.native.causal_paths), 2 MB at 512
+EXACT_PREFILL_ROWS = 512
 
 
 class PromptTooLongError(ValueError):
@@ -215,7 +218,8 @@ class SpecDecoder:
         mirror = self._new_mirror(cache, budget)
         if self.drafter is not None:
             self.drafter.start(budget)
-        for s, e in spans if spans is not None else prefill_spans(t, self.cfg.prefill_chunk):
+        spans = spans if spans is not None else prefill_spans(t, self.cfg.prefill_chunk)
+        for s, e in split_spans(spans, EXACT_PREFILL_ROWS) if exact else spans:
             if s:
                 yield None
             chunk = prompt[s:e]
@@ -312,6 +316,15 @@ def next_span(s: int, t: int, chunk: int, pairs: int | None = None) -> int:
         raise ValueError(f"prefill chunk must be a positive multiple of {PREFILL_QUANTUM}, got {chunk}")
     n = chunk if pairs is None else min(chunk, pairs // (s + PREFILL_TOKEN_KEYS) // PREFILL_QUANTUM * PREFILL_QUANTUM)
     return min(t, s + max(n, PREFILL_QUANTUM))
+
+
+def split_spans(spans: Iterable[tuple[int, int]], most: int) -> Iterator[tuple[int, int]]:
+    """``spans`` with any span longer than ``most`` (a multiple of PREFILL_QUANTUM) cut into pieces of ``most``."""
+    for s, e in spans:
+        while e - s > most:
+            yield s, s + most
+            s += most
+        yield s, e
 
 
 def root_only(seq: SeqState) -> DraftOutput:

@@ -11,7 +11,15 @@ import pytest
 import torch
 
 from eyas.batch import PrefillBudget
-from eyas.decode import PREFILL_QUANTUM, PREFILL_TOKEN_KEYS, DecodeConfig, SpecDecoder, prefill_spans
+from eyas.decode import (
+    EXACT_PREFILL_ROWS,
+    PREFILL_QUANTUM,
+    PREFILL_TOKEN_KEYS,
+    DecodeConfig,
+    SpecDecoder,
+    prefill_spans,
+    split_spans,
+)
 
 from .test_lossless import prompt_ids
 
@@ -39,11 +47,20 @@ def test_bad_chunk_is_refused(chunk):
         prefill_spans(100, chunk)
 
 
+def test_long_spans_are_split_on_quantum_boundaries():
+    assert list(split_spans([(0, 8), (8, 1100)], 512)) == [(0, 8), (8, 520), (520, 1032), (1032, 1100)]
+    assert list(split_spans([(0, 512)], 512)) == [(0, 512)]
+    assert EXACT_PREFILL_ROWS % PREFILL_QUANTUM == 0
+
+
 @pytest.mark.parametrize("kind", ("llama", "qwen3"))
-def test_bf16_exact_prefill_does_not_depend_on_the_chunking(tiny, kind):
+def test_bf16_exact_prefill_does_not_depend_on_the_chunking(tiny, kind, monkeypatch):
     """The cache bits and the first token are the same whatever the chunks (multi-block key lengths included)."""
     target = tiny.native(kind, seed=0, max_position_embeddings=2048).to(torch.bfloat16)
     prompt = prompt_ids(1100, seed=7)
+    widest = []
+    run = target.run
+    monkeypatch.setattr(target, "run", lambda tokens, *a: (widest.append(tokens.shape[1]), run(tokens, *a))[1])
     ref = None
     for spans in (
         prefill_spans(1100, 128),
@@ -58,6 +75,7 @@ def test_bf16_exact_prefill_does_not_depend_on_the_chunking(tiny, kind):
             ref = got
             continue
         assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1]) and got[2] == ref[2], len(spans)
+    assert max(widest) == EXACT_PREFILL_ROWS  # the 1,024-token chunks were split (no [T, T] table past 512 rows)
 
 
 def test_prefill_budget_steers_chunks_to_the_decode_time():
