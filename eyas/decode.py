@@ -6,6 +6,7 @@ so plain and speculative outputs go through one code path.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -328,9 +329,19 @@ def split_spans(spans: Iterable[tuple[int, int]], most: int) -> Iterator[tuple[i
 
 
 def root_only(seq: SeqState) -> DraftOutput:
-    """The tree of a plain step: the root (the last sampled token) alone."""
+    """The tree of a plain step: the root (the last sampled token) alone (its shape tensors made once per device:
+    ``make_tree``'s checks and mask ops cost a plain step ~0.14 ms, measured in the step on the Zen 5 VM).
+    """
     root = seq.history[-1:]
-    return DraftOutput(tree=make_tree(root, torch.full_like(root, -1)))
+    parents, depth, mask = _root_shape(root.device)
+    return DraftOutput(tree=Tree(tokens=root, parents=parents, depth=depth, mask=mask))
+
+
+@functools.cache
+def _root_shape(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A one-node tree's parents [1], depth [1] and mask [1, 1], as ``make_tree`` builds them (read-only)."""
+    t = make_tree(torch.zeros(1, dtype=torch.long, device=device), torch.full((1,), -1, device=device))
+    return t.parents, t.depth, t.mask
 
 
 def _features(out: ForwardOutput, rows: torch.Tensor) -> TargetFeatures:
