@@ -307,7 +307,7 @@ class NativeLlama(nn.Module, TargetModel):
 def causal_paths(start: int, t: int, kernel) -> PathAttention:
     """Exact-mode prefill of ``t`` prompt tokens after ``start`` cached slots as path attention: row i attends
     slots 0 .. start + i in order, through the compiled kernel, whose bits for a row depend only on the keys it
-    attends and their order. A prompt token's attention is then the one plain decoding would compute for it,
+    attends and their order. A prompt token's attention is then computed as a decoded token's is, the same
     whatever the chunking, with no key padding (torch's flash attention needed keys padded to 512 for that).
     """
     order = torch.arange(t).expand(t, t)
