@@ -42,14 +42,18 @@ from eyas.models.cpu import cpu_name
 from eyas.models.loading import LoadedTarget, cache_root
 from eyas.models.packed import packed_weights, skinny_gemm_ready
 from eyas.tree import make_tree
-from eyas.tree.sizing import AcceptanceProfile, DraftCost, TreeChoice, choose_tree, step_budget
+from eyas.tree.sizing import (
+    ADAPTIVE_MAX_TOTAL,
+    AcceptanceProfile,
+    DraftCost,
+    TreeChoice,
+    choose_tree,
+    step_budget,
+)
 from eyas.types import DraftOutput
 
 WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # verify widths measured (nodes, root included)
 CONTEXT = 160  # prompt tokens before the timed steps (a typical chat prompt)
-# most draft tokens an adaptive tree keeps on a CPU (adaptive_max_total): past 8 nodes a verify row costs ~0.9 ms on
-# the Zen 5 VM, which the head's candidates there (path probability < 0.1) do not return
-ADAPTIVE_MAX_TOTAL = 7
 
 
 class JunkTree(Drafter):

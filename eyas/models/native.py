@@ -292,7 +292,8 @@ class NativeLlama(nn.Module, TargetModel):
                                      f"most {t} nodes, got kv_len {s}, {pa.order.shape[0]} nodes")
             return AttnMeta(start=start, kv_len=max(pa.kv_len for pa in paths), paths=paths)
         if meta.exact and mask is None and b == 1 and isinstance(start, int) and self.path_kernel() is not None:
-            return AttnMeta(start=start, kv_len=round_up(start + t), paths=[causal_paths(start, t, self.path_kernel())])
+            pa = causal_paths(start, t, self.path_kernel())
+            return AttnMeta(start=start, kv_len=pa.kv_len, paths=[pa])
         kv_len = kv_len if kv_len is not None else start + t
         if meta.row_lengths is not None and t == 1 and self.path_kernel() is not None:
             return AttnMeta(start=start, kv_len=kv_len, lengths=meta.row_lengths, kernel=self.path_kernel())

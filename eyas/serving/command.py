@@ -138,19 +138,8 @@ def off_main_thread(fn):
     with a second; `eyas serve` at one client decoded 61.7 tok/s plainly (`--spec-policy never`) where
     `eyas generate` makes ~150 (docs/benchmarks.md).
     """
-    import threading
+    from concurrent.futures import ThreadPoolExecutor
 
-    box: dict = {}
-
-    def run() -> None:
-        try:
-            box["out"] = fn()
-        except BaseException as e:  # re-raised in the caller's thread: the CLI prints it as before
-            box["err"] = e
-
-    t = threading.Thread(target=run, name="eyas-load")
-    t.start()
-    t.join()
-    if "err" in box:
-        raise box["err"]
-    return box["out"]
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="eyas-load") as pool:  # leaving joins the thread
+        future = pool.submit(fn)
+    return future.result()  # fn's exception, re-raised in the caller's thread: the CLI prints it as before

@@ -44,6 +44,10 @@ from dataclasses import asdict, dataclass
 
 from eyas.tree.budget import StepBudget
 
+# most draft tokens an adaptive tree keeps on a CPU (eyas.autotree.adaptive_max_total): past 8 nodes a verify row
+# costs ~0.9 ms on the Zen 5 VM, which the head's candidates there (path probability < 0.1) do not return
+ADAPTIVE_MAX_TOTAL = 7
+
 
 @dataclass
 class AcceptanceProfile:
@@ -109,7 +113,7 @@ class TreeChoice:
 
 
 def step_budget(choice: TreeChoice, cost: dict[int, float], draft: DraftCost, profile: AcceptanceProfile,
-                max_total: int = 7) -> StepBudget:
+                max_total: int = ADAPTIVE_MAX_TOTAL) -> StepBudget:
     """The adaptive tree (eyas.tree.budget) priced from the machine's costs and the best fixed tree's rate.
 
     ``price[n] = rate * (forward(n + 1) - forward(1))``: the tokens n drafted rows must return to pay for their
