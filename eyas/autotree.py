@@ -38,6 +38,7 @@ from eyas.drafters.eagle3 import Eagle3Drafter
 from eyas.drafters.hybrid import HybridDrafter
 from eyas.drafters.loading import DrafterSpec, default_drafter_name, detect_kind, shipped_head
 from eyas.formats.eagle3 import load_eagle3
+from eyas.models import gguf_tuning
 from eyas.models.cpu import cpu_name
 from eyas.models.loading import LoadedTarget, cache_root
 from eyas.models.packed import packed_weights, skinny_gemm_ready
@@ -180,6 +181,7 @@ def machine_key(target: LoadedTarget, head_dir: Path, exact: bool) -> dict:
             "skinny": target.model.dtype == torch.float32 and skinny_gemm_ready(),
             # bf16 projections read from GGUF blocks (eyas.models.gguf_blocks): cheaper at one row, dearer wide
             "gguf_blocks": sum("_eyas_blocks" in m.__dict__ for m in target.model.modules()),
+            "gguf_tuning": asdict(gguf_tuning.active()),  # the block kernel's per-CPU choices (eyas.models.gguf_tuning)
             # the compiled kernels' sources (a faster kernel changes the costs) and the head's Q8_0 weights
             "kernels": kernels.sources_digest(), "head_q8": os.environ.get("EYAS_HEAD_Q8", "1") != "0",
             # int8 projections cost differently by width (eyas.models.quant): a separate table

@@ -124,6 +124,18 @@ constexpr int MR = 4;      // input rows per register block
 constexpr int MAX_M = 64;  // input rows per pass over a group's dequantised weights
 constexpr int PF_GROUPS = 4;  // software prefetch distance, in groups
 
+// Per-CPU choices that change no bit (each accumulator's chain is the same either way), only the time: set once per
+// machine by eyas.models.gguf_blocks from a timing at load (set_tuning).
+//   prefetch: with several rows, prefetch the group PF_GROUPS ahead while this one computes (Zen 5: memory and math
+//             overlap; Zen 4: measured slower, 2 rows 9.4 -> 8.1 ms without it, 121 projections)
+//   pair_as_triple: 2 rows run as a 3-row block, the third repeating the second into scratch (Zen 5: 2-row chains
+//             measured slower than 3-row ones; Zen 4, double-pumped AVX-512, pays for the extra row's math)
+struct Tuning {
+  bool prefetch = true;
+  bool pair_as_triple = true;
+};
+Tuning tuning;
+
 // rows x[0 .. mr) against NR weights given as bf16 vectors per block (w[j] + 32 * b); out[i * ldo + j] (float)
 template <int MRr, int NR>
 inline void micro(const uint16_t* const* x, const uint16_t* const* w, int64_t nblk, float* out, int64_t ldo) {
@@ -173,6 +185,10 @@ void group(const uint16_t* xd, int64_t m, const uint8_t* const* w, int64_t k, in
       case 4: micro<4, NR>(xs, ws, nblk, o, ldo); break;
       case 3: micro<3, NR>(xs, ws, nblk, o, ldo); break;
       case 2: {
+        if (!tuning.pair_as_triple) {
+          micro<2, NR>(xs, ws, nblk, o, ldo);
+          break;
+        }
         float scratch[3 * NR];
         xs[2] = xs[1];
         micro<3, NR>(xs, ws, nblk, scratch, NR);
@@ -230,7 +246,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor blocks, int64_t qtype, torch
     float acc[MAX_M * NB];
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t j0 = g * NB, nr = std::min<int64_t>(NB, n - j0);
-      if (m > 1 && g + PF_GROUPS < g1) {  // the group PF_GROUPS ahead while this one computes (several rows: memory
+      if (tuning.prefetch && m > 1 && g + PF_GROUPS < g1) {  // the group PF_GROUPS ahead while this one computes (several rows: memory
                                           // and math overlap; one row is load-bound and measured no better)
         const uint8_t* p = wd + (j0 + PF_GROUPS * NB) * row_bytes;
         for (int64_t o = 0; o < NB * row_bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
@@ -256,6 +272,13 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor blocks, int64_t qtype, torch
 #endif
 }
 
+void set_tuning(bool prefetch, bool pair_as_triple) {
+#ifdef EYAS_GGUF_BF16
+  tuning.prefetch = prefetch;
+  tuning.pair_as_triple = pair_as_triple;
+#endif
+}
+
 bool available() {
 #ifdef EYAS_GGUF_BF16
   return true;
@@ -269,6 +292,7 @@ bool available() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "x @ W.T + bias, bf16 rows x, W as GGUF Q4_0/Q4_1/Q8_0 blocks (AVX512-BF16)");
   m.def("dequantize", &dequantize, "GGUF blocks -> the bf16 weights the kernel multiplies with");
+  m.def("set_tuning", &set_tuning, "per-CPU speed choices that change no bit: prefetch, pair_as_triple");
   m.def("available", &available, "whether linear was built (AVX512-BF16 and F16C at compile time)");
   m.def("block_bytes", &block_bytes, "bytes per 32-weight block of a GGML type");
 }

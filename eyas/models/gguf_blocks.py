@@ -57,6 +57,11 @@ _EMPTY = torch.empty(0)
 _kernel = kernels.Lazy(kernels.gguf_bf16, usable=lambda k: k.available())  # None on a CPU without AVX512-BF16
 
 
+def block_kernel():
+    """The compiled kernel module, or None where it is off, unavailable or cannot be built."""
+    return _kernel()
+
+
 def blocks_of(mod: nn.Module, x: torch.Tensor) -> GGUFBlocks | None:
     """``mod``'s blocks where the kernel serves ``x`` (bf16 CPU inference), else None."""
     blocks = mod.__dict__.get("_eyas_blocks")

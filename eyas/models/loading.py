@@ -20,6 +20,7 @@ import torch
 from eyas.models.config import ModelConfig
 from eyas.models.cpu import cpu_flags
 from eyas.models.gguf_blocks import attach_gguf_blocks
+from eyas.models.gguf_tuning import tune_block_kernel
 from eyas.models.native import NativeLlama
 
 DEFAULT_MODEL = "embedded:smollm2-135m-instruct"
@@ -215,7 +216,9 @@ def load_target(spec: str | None = None, dtype="float32", backend: str = "native
             except ValueError as e:
                 raise ModelLoadError(str(e)) from None
         elif (src := gguf_source(spec)) is not None:
-            attach_gguf_blocks(model, src)  # bf16 CPU decoding reads the file's blocks (same weights, fewer bytes)
+            # bf16 CPU decoding reads the file's blocks (same weights, fewer bytes), run as this CPU runs it fastest
+            if attach_gguf_blocks(model, src):
+                tune_block_kernel(model, cache_root() / "kernel_tuning")
     elif backend == "hf":
         from eyas.models.hf import HFTarget
 

@@ -1,0 +1,124 @@
+"""The GGUF-block kernel's per-CPU choices, timed once per machine on the loaded target's own projections.
+
+``eyas/kernels/gguf_bf16.cpp`` has two ways of running several rows that change no bit (every accumulator's
+chain is the same either way) but whose speed depends on the CPU:
+
+* ``prefetch``: prefetch the weight group four ahead while this one computes;
+* ``pair_as_triple``: run 2 rows as a 3-row register block (the third repeats the second into scratch).
+
+Both were measured faster on the Zen 5 VM (full-width AVX-512). On a Zen 4 VM (AVX-512 on 256-bit halves)
+both are slower: SmolLM2's 121 projections at 2 rows 9.44 ms with both against 7.02 ms with neither, and a
+verify step of 2 nodes cost 3.4 ms more than a plain one instead of 1.4 ms (docs/benchmarks.md). So the
+first load on a machine times the four settings at 2-4 rows (the verify widths speculative steps use most),
+about 2 s, and caches the fastest under ``$EYAS_CACHE/kernel_tuning/`` keyed by CPU, threads and kernel
+source. ``EYAS_GGUF_TUNING=PREFETCH,PAIR`` (e.g. ``0,0``) sets it by hand and skips the timing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from eyas.models.cpu import cpu_flags, cpu_name
+from eyas.models.gguf_blocks import block_kernel
+
+ROWS = (2, 3, 4)  # rows timed: the verify widths adaptive trees use most
+
+
+@dataclass(frozen=True)
+class KernelTuning:
+    prefetch: bool = True
+    pair_as_triple: bool = True
+
+    @classmethod
+    def parse(cls, text: str) -> KernelTuning:
+        """``PREFETCH,PAIR`` as 0/1, e.g. ``0,0``."""
+        parts = text.split(",")
+        if len(parts) != 2 or any(p.strip() not in ("0", "1") for p in parts):
+            raise ValueError(f"EYAS_GGUF_TUNING={text!r}: expected PREFETCH,PAIR_AS_TRIPLE as 0 or 1 each, e.g. 0,0")
+        return cls(parts[0].strip() == "1", parts[1].strip() == "1")
+
+
+SETTINGS = tuple(KernelTuning(p, t) for p in (True, False) for t in (True, False))
+
+
+def pick(seconds: dict[KernelTuning, float]) -> KernelTuning:
+    """The fastest setting; a tie keeps the earlier one in ``SETTINGS`` order (the Zen 5 defaults first)."""
+    return min(SETTINGS, key=lambda s: (seconds[s], SETTINGS.index(s)))
+
+
+def time_settings(kernel, blocks: list, rows=ROWS, rounds: int = 3, repeats: int = 4) -> dict[KernelTuning, float]:
+    """Seconds for every projection in ``blocks`` (GGUFBlocks) at each of ``rows``, summed over rows, best of
+    ``rounds`` passes that alternate through the settings (a slow spell of the machine touches all of them).
+    """
+    xs = {r: [torch.randn(r, b.k, generator=torch.Generator().manual_seed(r)).bfloat16() for b in blocks] for r in rows}
+    empty = torch.empty(0)
+    best = {(s, r): float("inf") for s in SETTINGS for r in rows}
+    with torch.inference_mode():
+        for _ in range(rounds):
+            for s in SETTINGS:
+                kernel.set_tuning(s.prefetch, s.pair_as_triple)
+                for r in rows:
+                    for b, x in zip(blocks, xs[r], strict=True):  # warm: the weights' first pass at this width
+                        kernel.linear(x, b.data, b.qtype, empty)
+                    t = time.perf_counter()
+                    for _ in range(repeats):
+                        for b, x in zip(blocks, xs[r], strict=True):
+                            kernel.linear(x, b.data, b.qtype, empty)
+                    best[s, r] = min(best[s, r], (time.perf_counter() - t) / repeats)
+    return {s: sum(best[s, r] for r in rows) for s in SETTINGS}
+
+
+def tune_block_kernel(model: nn.Module, cache_dir: Path, kernel=None) -> KernelTuning | None:
+    """Set the kernel's tuning for this machine: ``EYAS_GGUF_TUNING``, else the cached choice, else timed on
+    ``model``'s block projections and cached. None where the model has no block projections.
+    """
+    kernel = kernel if kernel is not None else block_kernel()
+    blocks = [m.__dict__["_eyas_blocks"] for m in model.modules() if "_eyas_blocks" in m.__dict__]
+    if kernel is None or not blocks:
+        return None
+    if os.environ.get("EYAS_GGUF_TUNING"):
+        return apply(kernel, KernelTuning.parse(os.environ["EYAS_GGUF_TUNING"]))
+    shapes = sorted({(b.qtype, *b.data.shape) for b in blocks})
+    key = {"cpu": cpu_name(), "flags": sorted(cpu_flags()), "threads": torch.get_num_threads(),
+           "torch": torch.__version__, "source": _source_digest(), "shapes": shapes}
+    path = cache_dir / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]}.json"
+    if path.exists():
+        return apply(kernel, KernelTuning(**json.loads(path.read_text())["choice"]))
+    print("eyas: timing the bf16 block kernel's options on this CPU (once, ~2 s)", file=sys.stderr)
+    seconds = time_settings(kernel, blocks)
+    choice = pick(seconds)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    timed = [{**asdict(s), "ms": round(1e3 * v, 3)} for s, v in seconds.items()]
+    tmp.write_text(json.dumps({"key": key, "choice": asdict(choice), "timed_rows": list(ROWS), "timed": timed},
+                              indent=1))
+    tmp.replace(path)
+    return apply(kernel, choice)
+
+
+_active = KernelTuning()  # what the kernel runs with (its built-in defaults until apply)
+
+
+def apply(kernel, tuning: KernelTuning) -> KernelTuning:
+    global _active
+    kernel.set_tuning(tuning.prefetch, tuning.pair_as_triple)
+    _active = tuning
+    return tuning
+
+
+def active() -> KernelTuning:
+    """The setting the kernel runs with in this process (costs measured under another are stale)."""
+    return _active
+
+
+def _source_digest() -> str:
+    return hashlib.sha256((Path(__file__).parents[1] / "kernels" / "gguf_bf16.cpp").read_bytes()).hexdigest()[:16]
