@@ -97,7 +97,7 @@ def tune_block_kernel(model: nn.Module, cache_dir: Path, kernel=None) -> KernelT
     seconds = time_settings(kernel, blocks)
     choice = pick(seconds)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # two processes timing at once each write their own, then one wins
     timed = [{**asdict(s), "ms": round(1e3 * v, 3)} for s, v in seconds.items()]
     tmp.write_text(json.dumps({"key": key, "choice": asdict(choice), "timed_rows": list(ROWS), "timed": timed},
                               indent=1))
