@@ -23,6 +23,7 @@ from eyas.drafters.expansion import Feed, make_expansion
 from eyas.drafters.head_kernels import HeadPaths, fast_layer, fast_layer_ready, fuse_head_blocks_
 from eyas.formats import read_weights, weight_keys
 from eyas.kv.static import KVCache
+from eyas.models import gguf_tuning
 from eyas.models.base import causal_mask
 from eyas.models.config import ModelConfig
 from eyas.models.gguf_blocks import FAST_ROWS, quantize_head_
@@ -138,7 +139,8 @@ class EagleDrafter(Drafter):
             head = load_eagle_head(Path(path), self.target.config, self.target.dtype)
         self.head = head.to(head_compute_dtype(self.target))
         pack_linears_(self.head)  # bf16 on a CPU: prepacked oneDNN weights (eyas.models.packed), same bits
-        quantize_head_(self.head)  # bf16 on a CPU with AVX512-BF16: Q8_0 weights, half the bytes a step
+        if quantize_head_(self.head):  # bf16 on a CPU with AVX512-BF16: Q8_0 weights, half the bytes a step
+            gguf_tuning.tune_once(self.head)  # the kernel's options for this CPU, if the target's did not set them
         fuse_head_blocks_(self.head)  # and q|k|v, gate|up as one block matrix each (eyas.drafters.head_kernels)
         self.fast = bool(getattr(self.head, "fast_ready", lambda: False)())
         self.expansion = make_expansion(tree)

@@ -77,10 +77,15 @@ def time_settings(kernel, blocks: list, rows=ROWS, rounds: int = 3, repeats: int
     return {s: sum(best[s, r] for r in rows) for s in SETTINGS}
 
 
-def tune_block_kernel(model: nn.Module, cache_dir: Path, kernel=None) -> KernelTuning | None:
+def tune_block_kernel(model: nn.Module, cache_dir: Path | None = None, kernel=None) -> KernelTuning | None:
     """Set the kernel's tuning for this machine: ``EYAS_GGUF_TUNING``, else the cached choice, else timed on
-    ``model``'s block projections and cached. None where the model has no block projections.
+    ``model``'s block projections and cached (default ``$EYAS_CACHE/kernel_tuning``). None where the model has no
+    block projections.
     """
+    if cache_dir is None:
+        from eyas.models.loading import cache_root  # (loading imports this module)
+
+        cache_dir = cache_root() / "kernel_tuning"
     kernel = kernel if kernel is not None else block_kernel()
     blocks = [m.__dict__["_eyas_blocks"] for m in model.modules() if "_eyas_blocks" in m.__dict__]
     if kernel is None or not blocks:
@@ -106,13 +111,21 @@ def tune_block_kernel(model: nn.Module, cache_dir: Path, kernel=None) -> KernelT
 
 
 _active = KernelTuning()  # what the kernel runs with (its built-in defaults until apply)
+_applied = False
 
 
 def apply(kernel, tuning: KernelTuning) -> KernelTuning:
-    global _active
+    global _active, _applied
     kernel.set_tuning(tuning.prefetch, tuning.pair_as_triple)
-    _active = tuning
+    _active, _applied = tuning, True
     return tuning
+
+
+def tune_once(model: nn.Module) -> KernelTuning | None:
+    """``tune_block_kernel`` unless this process has already set the tuning (a draft head's blocks: the target's,
+    where it has any, were timed first and stand).
+    """
+    return _active if _applied else tune_block_kernel(model)
 
 
 def active() -> KernelTuning:

@@ -218,7 +218,7 @@ def load_target(spec: str | None = None, dtype="float32", backend: str = "native
         elif (src := gguf_source(spec)) is not None:
             # bf16 CPU decoding reads the file's blocks (same weights, fewer bytes), run as this CPU runs it fastest
             if attach_gguf_blocks(model, src):
-                tune_block_kernel(model, cache_root() / "kernel_tuning")
+                tune_block_kernel(model)
     elif backend == "hf":
         from eyas.models.hf import HFTarget
 

@@ -90,3 +90,20 @@ def test_the_choice_is_timed_once_then_read_from_the_cache(tmp_path, monkeypatch
     monkeypatch.setenv("EYAS_GGUF_TUNING", "1,1")
     assert tune_block_kernel(model, tmp_path, kernel=fake2) == KernelTuning(True, True)
     assert tune_block_kernel(nn.Linear(4, 4), tmp_path, kernel=fake2) is None  # no block projections
+
+
+def test_a_heads_blocks_are_timed_only_when_nothing_set_the_tuning(tmp_path, monkeypatch):
+    monkeypatch.delenv("EYAS_GGUF_TUNING", raising=False)
+    monkeypatch.setenv("EYAS_CACHE", str(tmp_path))
+    timed = []
+    def fake_tune(model):
+        timed.append(model)
+        return KernelTuning(False, True)
+
+    monkeypatch.setattr(gguf_tuning, "tune_block_kernel", fake_tune)
+    monkeypatch.setattr(gguf_tuning, "_applied", True)  # the target's blocks set it at load
+    monkeypatch.setattr(gguf_tuning, "_active", KernelTuning(False, False))
+    head = nn.Sequential(block_model())
+    assert gguf_tuning.tune_once(head) == KernelTuning(False, False) and timed == []
+    monkeypatch.setattr(gguf_tuning, "_applied", False)  # a target without blocks (an HF directory)
+    assert gguf_tuning.tune_once(head) == KernelTuning(False, True) and timed == [head]
