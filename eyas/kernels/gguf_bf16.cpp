@@ -125,7 +125,7 @@ constexpr int MAX_M = 64;  // input rows per pass over a group's dequantised wei
 constexpr int PF_GROUPS = 4;  // software prefetch distance, in groups
 
 // Per-CPU choices that change no bit (each accumulator's chain is the same either way), only the time: set once per
-// machine by eyas.models.gguf_blocks from a timing at load (set_tuning).
+// machine by eyas.models.gguf_tuning from a timing at load (set_tuning).
 //   prefetch: with several rows, prefetch the group PF_GROUPS ahead while this one computes (Zen 5: memory and math
 //             overlap; Zen 4: measured slower, 2 rows 9.4 -> 8.1 ms without it, 121 projections)
 //   pair_as_triple: 2 rows run as a 3-row block, the third repeating the second into scratch (Zen 5: 2-row chains
@@ -246,8 +246,9 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor blocks, int64_t qtype, torch
     float acc[MAX_M * NB];
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t j0 = g * NB, nr = std::min<int64_t>(NB, n - j0);
-      if (tuning.prefetch && m > 1 && g + PF_GROUPS < g1) {  // the group PF_GROUPS ahead while this one computes (several rows: memory
-                                          // and math overlap; one row is load-bound and measured no better)
+      // the group PF_GROUPS ahead while this one computes (several rows: memory and math overlap; one row is
+      // load-bound and measured no better), where this CPU gains from it (tuning.prefetch)
+      if (tuning.prefetch && m > 1 && g + PF_GROUPS < g1) {
         const uint8_t* p = wd + (j0 + PF_GROUPS * NB) * row_bytes;
         for (int64_t o = 0; o < NB * row_bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
       }

@@ -10,8 +10,8 @@ Both were measured faster on the Zen 5 VM (full-width AVX-512). On a Zen 4 VM (A
 both are slower: SmolLM2's 121 projections at 2 rows 9.44 ms with both against 7.02 ms with neither, and a
 verify step of 2 nodes cost 3.4 ms more than a plain one instead of 1.4 ms (docs/benchmarks.md). So the
 first load on a machine times the four settings at 2-4 rows (the verify widths speculative steps use most),
-about 2 s, and caches the fastest under ``$EYAS_CACHE/kernel_tuning/`` keyed by CPU, threads and kernel
-source. ``EYAS_GGUF_TUNING=PREFETCH,PAIR`` (e.g. ``0,0``) sets it by hand and skips the timing.
+about 3 s, and caches the fastest under ``$EYAS_CACHE/kernel_tuning/`` keyed by CPU, threads and the kernels'
+sources. ``EYAS_GGUF_TUNING=PREFETCH,PAIR`` (e.g. ``0,0``) sets it by hand and skips the timing.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from eyas import kernels
 from eyas.models.cpu import cpu_flags, cpu_name
 from eyas.models.gguf_blocks import block_kernel
 
@@ -94,11 +95,11 @@ def tune_block_kernel(model: nn.Module, cache_dir: Path | None = None, kernel=No
         return apply(kernel, KernelTuning.parse(os.environ["EYAS_GGUF_TUNING"]))
     shapes = sorted({(b.qtype, *b.data.shape) for b in blocks})
     key = {"cpu": cpu_name(), "flags": sorted(cpu_flags()), "threads": torch.get_num_threads(),
-           "torch": torch.__version__, "source": _source_digest(), "shapes": shapes}
+           "torch": torch.__version__, "kernels": kernels.sources_digest(), "shapes": shapes}
     path = cache_dir / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]}.json"
     if path.exists():
         return apply(kernel, KernelTuning(**json.loads(path.read_text())["choice"]))
-    print("eyas: timing the bf16 block kernel's options on this CPU (once, ~2 s)", file=sys.stderr)
+    print("eyas: timing the bf16 block kernel's options on this CPU (once, ~3 s)", file=sys.stderr)
     seconds = time_settings(kernel, blocks)
     choice = pick(seconds)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -132,6 +133,3 @@ def active() -> KernelTuning:
     """The setting the kernel runs with in this process (costs measured under another are stale)."""
     return _active
 
-
-def _source_digest() -> str:
-    return hashlib.sha256((Path(__file__).parents[1] / "kernels" / "gguf_bf16.cpp").read_bytes()).hexdigest()[:16]

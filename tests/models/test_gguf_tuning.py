@@ -19,9 +19,12 @@ pytestmark = pytest.mark.skipif(KERNEL is None, reason="no C++ toolchain for eya
 
 @pytest.fixture(autouse=True)
 def _restore_tuning():
+    """The process's tuning as it was before the test (a load earlier in the session may have set it)."""
+    before = gguf_tuning._active, gguf_tuning._applied
     yield
     if KERNEL is not None and KERNEL.available():
-        gguf_tuning.apply(KERNEL, KernelTuning())
+        KERNEL.set_tuning(before[0].prefetch, before[0].pair_as_triple)
+    gguf_tuning._active, gguf_tuning._applied = before
 
 
 @needs_bf16
@@ -96,6 +99,7 @@ def test_a_heads_blocks_are_timed_only_when_nothing_set_the_tuning(tmp_path, mon
     monkeypatch.delenv("EYAS_GGUF_TUNING", raising=False)
     monkeypatch.setenv("EYAS_CACHE", str(tmp_path))
     timed = []
+
     def fake_tune(model):
         timed.append(model)
         return KernelTuning(False, True)
