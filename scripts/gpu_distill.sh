@@ -9,15 +9,16 @@
 #                                                  .carry/magpie .whl
 #            (keeps them in $STASH and runs the whole pipeline on a tiny random model: a smoke test)
 #   call 2:  bash scripts/gpu_distill.sh run       carry .carry/p2
-#            (data for DATA_S seconds, training for TRAIN_S seconds, everything worth keeping under $OUT)
+#            (data for DATA_S seconds, then training until END_S seconds after the call began, through `eyas train
+#            --wall-budget`, so loading, steps and the export end on time; everything worth keeping under $OUT)
 #
 # Measured on an H200 (2026-11-26, two draws, docs/heads.md): call 1 with the machine's start 123-143 s held; call 2:
 # GGUF joined and converted 30 s; data 220-250 s -> 2.5-2.9 M new assistant tokens (15 k tok/s at the end, 1,024
-# rows); packing 5-9 s; training starts ~45-60 s later and runs ~140 k assistant tok/s (DATA_S=220 TRAIN_S=215: 2,904
-# steps, 30.3 M tokens, the call 533 s). So DATA_S + TRAIN_S + ~120 s must fit the call (600 s at most) and the
-# session's 900 s of device time with call 1's ~140 s: the two calls of the second draw left 209 s.
-# Environment: DATA_S (default 220), TRAIN_S (200), BATCH (1024 rows of `eyas data`), TRAIN_TOKENS (16384), LR (4e-4),
-# SEED (3: the first two draws used 1 and 2).
+# rows); packing 5-9 s; training loads in ~45-60 s and runs ~140 k assistant tok/s (2,904 steps, 30.3 M tokens in
+# 215 s). On an H100 (third draw) a training run with data generation beside it loaded in 183 s and was killed at the
+# call's 600 s limit before its export: hence --wall-budget, and data before training, not beside it.
+# Environment: DATA_S (default 120; 0 skips the data), END_S (560: call 2 with timeout_s 600), BATCH (1024 rows of
+# `eyas data`), TRAIN_TOKENS (16384), LR (4e-4), SEED (4: the draws so far used 1, 2 and 7).
 # The shipped head (the start of training) is stashed by call 1 too, so call 2's tree can leave it out.
 set -u -o pipefail
 STASH=${STASH:-/root/eyas-stash}
@@ -106,7 +107,7 @@ EOF
         --save-every 3 --time-budget 60 --target-dtype bfloat16 --mixed-precision bf16 || return 1
     python3 -m eyas train --data "$WORK/smoke-train.jsonl" --model "$tiny" --out "$WORK/smoke-run2" --max-steps 2 \
         --init-head "$WORK/smoke-run/head" --batch-tokens 2048 --max-len 256 --holdout 0 --eval-every 100000 \
-        --time-budget 30 --target-dtype bfloat16 --mixed-precision bf16 || return 1
+        --wall-budget 90 --target-dtype bfloat16 --mixed-precision bf16 || return 1
     stamp "SMOKE OK"
 }
 
@@ -122,9 +123,11 @@ run() {
     [ -s "$data" ] || { xz -dc "$STASH/commercial.jsonl.xz"
         for f in "$STASH"/magpie/*.jsonl.xz; do xz -dc "$f"; done; } > "$data"
     local before; before=$(wc -l < "$data")
-    timeout -s KILL "${DATA_S:-220}" python3 -m eyas data --prompts magpie --limit 1000000 --model "$gguf" \
+    [ "${DATA_S:-120}" -gt 0 ] && timeout -s KILL "${DATA_S:-120}" python3 -m eyas data --prompts magpie \
+        --limit 1000000 --model "$gguf" \
         --device "${DEVICE:-cuda}" --dtype bfloat16 --batch-size "${BATCH:-1024}" --prefill-rows 256 --max-slots 1024 \
-        --max-new-tokens 512 --seed "${SEED:-3}" --out "$data" 2>&1 | tr '\r' '\n' | grep -v '^ *$' | awk 'NR % 20 == 1'
+        --max-new-tokens 512 --seed "${SEED:-4}" --out "$data" 2>&1 | tr '\r' '\n' | grep --line-buffered -v '^ *$' \
+        | awk 'NR % 20 == 1 {print; fflush()}'
     stamp "data: $before -> $(wc -l < "$data") conversations"
     python3 - "$data" "$before" <<'EOF' | tee "$OUT/data_summary.json"
 import json, sys
@@ -145,11 +148,16 @@ EOF
     # no held-aside eval here (--holdout 0): speculative decoding in bf16 exact mode is slow on a GPU, and an eval
     # before the export cost the whole training of the first run (killed at the call's limit); tau is measured on
     # the CPU afterwards
+    # --wall-budget: the training call (loading, steps, export) ends END_S s after this script started, whatever
+    # the loading takes (the third draw's run was killed at the call's limit before its export, all lost)
+    local wall=$(( ${END_S:-560} - ($(date +%s) - t0) ))
+    stamp "training with --wall-budget $wall"
     python3 -m eyas train --data "$data" --model "$gguf" --out "$run" --kind eagle3 --ttt-steps 3 \
         --init-head "$STASH/head" --max-len 1024 --batch-tokens "${TRAIN_TOKENS:-16384}" \
-        --lr "${LR:-4e-4}" --warmup-steps 20 --epochs 4 --time-budget "${TRAIN_S:-200}" --save-every 100000 \
+        --lr "${LR:-4e-4}" --warmup-steps 20 --epochs 4 --wall-budget "$wall" --save-every 100000 \
         --eval-every 100000 --holdout 0 --seed 0 --target-dtype bfloat16 --mixed-precision bf16 2>&1 \
-        | tr '\r' '\n' | grep -v '^ *$' | awk '/trained|rror|Trace|^  File/ || NR % 100 == 1'
+        | tr '\r' '\n' | grep --line-buffered -v '^ *$' \
+        | awk '/trained|budget|rror|Trace|^  File/ || NR % 100 == 1 {print; fflush()}'
     stamp "trained"
     split -b 15000000 "$run/head/model.safetensors" "$OUT/head.safetensors.part-"
     tar -C "$run" -czf "$OUT/meta.tar.gz" head/config.json train_log.jsonl train_summary.json train_config.json \

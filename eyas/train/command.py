@@ -49,6 +49,9 @@ def add_train_parser(sub) -> None:
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="end this run after about SECONDS of training: the learning-rate schedule (sized by "
                         "--epochs/--max-steps) advances by the larger of steps and elapsed time, reaching 0 on time")
+    p.add_argument("--wall-budget", type=float, default=None, metavar="SECONDS",
+                   help="end the whole run (loading, steps and the head's export) within about SECONDS: the steps "
+                        "get what loading leaves, less ~30 s for the export (a call with a hard time limit)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: one per core; 1 on a CPU shared with other jobs)")
@@ -64,6 +67,8 @@ def cmd_train(a: argparse.Namespace) -> int:
         torch.set_num_threads(a.threads)
     if a.time_budget is not None and a.time_budget <= 0:
         raise ValueError(f"--time-budget must be > 0 seconds, got {a.time_budget}")
+    if a.wall_budget is not None and a.wall_budget <= 0:
+        raise ValueError(f"--wall-budget must be > 0 seconds, got {a.wall_budget}")
     if a.init_head is not None and a.kind != "eagle3":
         raise ValueError(f"--init-head continues an EAGLE-3 head; --kind is {a.kind}")
     if a.batch_tokens < a.max_len:
@@ -75,6 +80,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         draft_vocab=a.draft_vocab, align_topk=a.align_topk, medusa_heads=a.medusa_heads, save_every=a.save_every,
         eval_every=a.eval_every, holdout=a.holdout, eval_tokens=a.eval_tokens, eval_tree=a.eval_tree,
         feature_cache=a.feature_cache, seed=a.seed, init_head=a.init_head, time_budget=a.time_budget,
+        wall_budget=a.wall_budget,
     )
     train(cfg)
     return 0

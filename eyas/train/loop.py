@@ -62,6 +62,8 @@ class TrainConfig:
     init_head: str | None = None  # eagle3: continue this exported head (its weights and draft vocabulary)
     # wall-clock seconds for this run's steps: the schedule runs at max(step, time) progress and ends on time
     time_budget: float | None = None
+    # wall-clock seconds for the whole call (loading, steps, export): the steps get what loading and EXPORT_S leave
+    wall_budget: float | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -87,11 +89,26 @@ def _lr_lambda(cfg: TrainConfig, total: int):
     return f
 
 
-def _budget_step(cfg: TrainConfig, total: int, start: int, step: int, elapsed: float) -> int:
-    """--time-budget: the schedule's step, the larger of the step and the budget's elapsed share of the steps left
+EXPORT_S = 30.0  # --wall-budget: seconds kept for the head's export and the summary after the last step
+
+
+def _steps_budget(cfg: TrainConfig, loading: float) -> float | None:
+    """Seconds for this run's steps: --time-budget, capped by what --wall-budget leaves after ``loading`` seconds
+    already spent and EXPORT_S for the export; None when neither is set."""
+    if cfg.wall_budget is None:
+        return cfg.time_budget
+    left = cfg.wall_budget - loading - EXPORT_S
+    if left <= 0:
+        raise ValueError(f"--wall-budget {cfg.wall_budget:.0f} s leaves no time to train: loading took "
+                         f"{loading:.0f} s and the export keeps {EXPORT_S:.0f} s; raise --wall-budget")
+    return left if cfg.time_budget is None else min(cfg.time_budget, left)
+
+
+def _budget_step(budget: float, total: int, start: int, step: int, elapsed: float) -> int:
+    """Time budget: the schedule's step, the larger of the step and the budget's elapsed share of the steps left
     at this run's ``start``; it reaches ``total`` (the cosine's 0, where the run stops) when the budget ends.
     """
-    return max(step, start + int((total - start) * min(1.0, elapsed / cfg.time_budget)))
+    return max(step, start + int((total - start) * min(1.0, elapsed / budget)))
 
 
 def _set_lr(cfg: TrainConfig, opt, sched, total: int, at: int) -> None:
@@ -154,6 +171,7 @@ def _batches(examples: list[Example], cfg: TrainConfig, epoch: int, rank: int, w
 
 def train(cfg: TrainConfig, log=print) -> dict:
     """Run (or resume) training; returns the final summary (also written to OUT/train_summary.json)."""
+    t_called = time.time()  # --wall-budget counts from here
     from accelerate import Accelerator
 
     from eyas.models.loading import fast_bf16, load_target
@@ -191,7 +209,10 @@ def train(cfg: TrainConfig, log=print) -> dict:
     history = out / "train_log.jsonl"
     bar = tqdm(total=total, initial=state["step"], desc=f"train {cfg.kind}", disable=not acc.is_main_process)
     t0 = time.time() - state["seconds"]
-    t_run, start, at = time.time(), state["step"], state["step"]  # --time-budget: from this run's first step
+    budget = _steps_budget(cfg, time.time() - t_called)
+    if budget is not None and cfg.wall_budget is not None:
+        log(f"--wall-budget: {budget:.0f} s for the steps (loading took {time.time() - t_called:.0f} s)")
+    t_run, start, at = time.time(), state["step"], state["step"]  # the time budget: from this run's first step
     last_eval: tuple[int, dict] = (-1, {})
     while max(state["step"], at) < total:
         batches = _batches(train_ex, cfg, state["epoch"], acc.process_index, acc.num_processes)
@@ -203,8 +224,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
             acc.clip_grad_norm_(params, cfg.grad_clip)
             opt.step()
             sched.step()
-            if cfg.time_budget:
-                at = _budget_step(cfg, total, start, state["step"] + 1, time.time() - t_run)
+            if budget is not None:
+                at = _budget_step(budget, total, start, state["step"] + 1, time.time() - t_run)
                 if acc.num_processes > 1:  # one schedule for all processes (their clocks differ): the furthest
                     at = int(acc.gather(torch.tensor([at], device=acc.device)).max())
                 _set_lr(cfg, opt, sched, total, at)
@@ -225,7 +246,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
             state.update(epoch=state["epoch"] + 1, batch=0)
     bar.close()
     summary = {"steps": state["step"], "tokens": state["tokens"], "seconds": round(state["seconds"], 1)}
-    if cfg.time_budget:
+    if budget is not None:
         summary["schedule_steps"] = total  # the budget compressed these into ``steps``
     if acc.is_main_process:
         done = last_eval[0] == state["step"]

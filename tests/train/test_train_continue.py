@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from eyas.cli import main
-from eyas.train.loop import TrainConfig, _budget_step, _set_lr
+from eyas.train.loop import EXPORT_S, TrainConfig, _budget_step, _set_lr, _steps_budget
 
 pytestmark = pytest.mark.slow
 
@@ -72,10 +72,26 @@ def test_budget_step_follows_the_larger_of_steps_and_time():
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    assert _budget_step(cfg, total=1000, start=0, step=10, elapsed=50.0) == 500  # half the time: half the schedule
+    assert _budget_step(100.0, total=1000, start=0, step=10, elapsed=50.0) == 500  # half the time: half the schedule
     _set_lr(cfg, opt, sched, 1000, 500)
     assert opt.param_groups[0]["lr"] == pytest.approx(0.5)  # cosine at its midpoint
-    assert _budget_step(cfg, total=1000, start=0, step=700, elapsed=50.0) == 700  # steps ahead of the clock
-    assert _budget_step(cfg, total=1000, start=200, step=201, elapsed=100.0) == 1000  # a resumed run, spent
+    assert _budget_step(100.0, total=1000, start=0, step=700, elapsed=50.0) == 700  # steps ahead of the clock
+    assert _budget_step(100.0, total=1000, start=200, step=201, elapsed=100.0) == 1000  # a resumed run, spent
     _set_lr(cfg, opt, sched, 1000, 1000)
     assert opt.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_wall_budget_leaves_the_steps_what_loading_and_the_export_do_not_use():
+    cfg = TrainConfig(data=[], out_dir="", wall_budget=500.0)
+    assert _steps_budget(cfg, loading=100.0) == pytest.approx(400.0 - EXPORT_S)
+    cfg.time_budget = 120.0  # the smaller of the two
+    assert _steps_budget(cfg, loading=100.0) == pytest.approx(120.0)
+    assert _steps_budget(TrainConfig(data=[], out_dir="", time_budget=50.0), loading=1e6) == 50.0  # no wall budget
+    with pytest.raises(ValueError, match="leaves no time to train: loading took 480 s"):
+        _steps_budget(cfg, loading=480.0)
+
+
+def test_wall_budget_must_be_positive(tmp_path, capsys):
+    data = _data(tmp_path / "a.jsonl", "A short answer to: {}")
+    assert main(_args(data, tmp_path / "run", 5, "--wall-budget", "0")) != 0
+    assert "--wall-budget must be > 0 seconds, got 0.0" in capsys.readouterr().err
