@@ -51,7 +51,8 @@ def add_train_parser(sub) -> None:
                         "--epochs/--max-steps) advances by the larger of steps and elapsed time, reaching 0 on time")
     p.add_argument("--wall-budget", type=float, default=None, metavar="SECONDS",
                    help="end the whole run (loading, steps and the head's export) within about SECONDS: the steps "
-                        "get what loading leaves, less ~30 s for the export (a call with a hard time limit)")
+                        "get what loading leaves, less ~30 s for the export (a call with a hard time limit); no final "
+                        "held-aside eval then, as its length is not bounded")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: one per core; 1 on a CPU shared with other jobs)")

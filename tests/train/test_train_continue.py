@@ -95,3 +95,14 @@ def test_wall_budget_must_be_positive(tmp_path, capsys):
     data = _data(tmp_path / "a.jsonl", "A short answer to: {}")
     assert main(_args(data, tmp_path / "run", 5, "--wall-budget", "0")) != 0
     assert "--wall-budget must be > 0 seconds, got 0.0" in capsys.readouterr().err
+
+
+def test_wall_budget_run_exports_the_head_without_a_final_eval(default_target, tmp_path, capsys):
+    data = _data(tmp_path / "a.jsonl", "A short answer to: {}")
+    out = tmp_path / "run"
+    assert main(_args(data, out, 2, "--wall-budget", "100000")) == 0  # the steps, not the budget, end this run
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["steps"] == 2 and summary["schedule_steps"] == 2 and summary["eval"] == {}
+    assert (out / "head" / "model.safetensors").exists()
+    said = capsys.readouterr().out
+    assert "--wall-budget: " in said and "s for the steps (loading took" in said and "no final held-aside eval" in said
