@@ -41,7 +41,7 @@ prepare() {  # here, with the project's venv first on PATH
     g=$(python -c "from eyas.models.loading import embedded_gguf_path as e; print(e())") || return 1
     d=$(python -c "from eyas.models.loading import resolve_model_dir as r; print(r(None))") || return 1
     rm -rf .carry/magpie && mkdir -p .carry/tok .carry/head .carry/magpie .whl
-    head -c 36000000 "$g" > .carry/p1 && tail -c +36000001 "$g" > .carry/p2
+    head -c 35000000 "$g" > .carry/p1 && tail -c +35000001 "$g" > .carry/p2
     cp data/selfdistill/smollm2-135m-instruct-magpie-*.jsonl.xz .carry/magpie/
     xz -9 -c data/selfdistill/smollm2-135m-instruct-commercial.jsonl > .carry/commercial.jsonl.xz
     cp eyas/heads/smollm2-135m-instruct-eagle3/* .carry/head/
