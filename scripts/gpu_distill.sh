@@ -18,7 +18,8 @@
 # 215 s). On an H100 (third draw) a training run with data generation beside it loaded in 183 s and was killed at the
 # call's 600 s limit before its export: hence --wall-budget, and data before training, not beside it.
 # Environment: DATA_S (default 120; 0 skips the data), END_S (560: call 2 with timeout_s 600), BATCH (1024 rows of
-# `eyas data`), TRAIN_TOKENS (16384), LR (4e-4), SEED (4: the draws so far used 1, 2 and 7).
+# `eyas data`), TRAIN_TOKENS (16384), LR (4e-4), SEED (4: the draws so far used 1, 2 and 7). TRAIN_S, which the
+# first two draws set, is gone: END_S bounds the training.
 # The shipped head (the start of training) is stashed by call 1 too, so call 2's tree can leave it out.
 set -u -o pipefail
 STASH=${STASH:-/root/eyas-stash}
@@ -145,11 +146,9 @@ EOF
     # the new rows only; the last line may be cut by the kill
     tail -n +$((before + 1)) "$data" | head -n -1 | xz -T0 -6 > "$OUT/distill-gpu.jsonl.xz"
     stamp "data packed: $(du -h "$OUT/distill-gpu.jsonl.xz" | cut -f1)"
-    # no held-aside eval here (--holdout 0): speculative decoding in bf16 exact mode is slow on a GPU, and an eval
-    # before the export cost the whole training of the first run (killed at the call's limit); tau is measured on
-    # the CPU afterwards
-    # --wall-budget: the training call (loading, steps, export) ends END_S s after this script started, whatever
-    # the loading takes (the third draw's run was killed at the call's limit before its export, all lost)
+    # --wall-budget: loading, steps and the export end END_S s after this script started, whatever the loading
+    # takes, and no held-aside eval runs (--holdout 0 keeps every conversation for training; tau is measured on the
+    # CPU afterwards). The first draw lost its head to an eval before the export, the third to the call's limit.
     local wall=$(( ${END_S:-560} - ($(date +%s) - t0) ))
     stamp "training with --wall-budget $wall"
     python3 -m eyas train --data "$data" --model "$gguf" --out "$run" --kind eagle3 --ttt-steps 3 \

@@ -66,10 +66,9 @@ def cmd_train(a: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(a.threads)
-    if a.time_budget is not None and a.time_budget <= 0:
-        raise ValueError(f"--time-budget must be > 0 seconds, got {a.time_budget}")
-    if a.wall_budget is not None and a.wall_budget <= 0:
-        raise ValueError(f"--wall-budget must be > 0 seconds, got {a.wall_budget}")
+    for flag, seconds in (("--time-budget", a.time_budget), ("--wall-budget", a.wall_budget)):
+        if seconds is not None and seconds <= 0:
+            raise ValueError(f"{flag} must be > 0 seconds, got {seconds}")
     if a.init_head is not None and a.kind != "eagle3":
         raise ValueError(f"--init-head continues an EAGLE-3 head; --kind is {a.kind}")
     if a.batch_tokens < a.max_len:

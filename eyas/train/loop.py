@@ -92,7 +92,7 @@ def _lr_lambda(cfg: TrainConfig, total: int):
 EXPORT_S = 30.0  # --wall-budget: seconds kept for the head's export and the summary after the last step
 
 
-def _steps_budget(cfg: TrainConfig, loading: float) -> float | None:
+def _seconds_for_steps(cfg: TrainConfig, loading: float) -> float | None:
     """Seconds for this run's steps: --time-budget, capped by what --wall-budget leaves after ``loading`` seconds
     already spent and EXPORT_S for the export; None when neither is set.
     """
@@ -210,9 +210,10 @@ def train(cfg: TrainConfig, log=print) -> dict:
     history = out / "train_log.jsonl"
     bar = tqdm(total=total, initial=state["step"], desc=f"train {cfg.kind}", disable=not acc.is_main_process)
     t0 = time.time() - state["seconds"]
-    budget = _steps_budget(cfg, time.time() - t_called)
-    if budget is not None and cfg.wall_budget is not None:
-        log(f"--wall-budget: {budget:.0f} s for the steps (loading took {time.time() - t_called:.0f} s)")
+    loading = time.time() - t_called
+    budget = _seconds_for_steps(cfg, loading)
+    if cfg.wall_budget is not None:
+        log(f"--wall-budget: {budget:.0f} s for the steps (loading took {loading:.0f} s)")
     t_run, start, at = time.time(), state["step"], state["step"]  # the time budget: from this run's first step
     last_eval: tuple[int, dict] = (-1, {})
     while max(state["step"], at) < total:

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from eyas.cli import main
-from eyas.train.loop import EXPORT_S, TrainConfig, _budget_step, _set_lr, _steps_budget
+from eyas.train.loop import EXPORT_S, TrainConfig, _budget_step, _seconds_for_steps, _set_lr
 
 pytestmark = pytest.mark.slow
 
@@ -83,12 +83,12 @@ def test_budget_step_follows_the_larger_of_steps_and_time():
 
 def test_wall_budget_leaves_the_steps_what_loading_and_the_export_do_not_use():
     cfg = TrainConfig(data=[], out_dir="", wall_budget=500.0)
-    assert _steps_budget(cfg, loading=100.0) == pytest.approx(400.0 - EXPORT_S)
+    assert _seconds_for_steps(cfg, loading=100.0) == pytest.approx(400.0 - EXPORT_S)
     cfg.time_budget = 120.0  # the smaller of the two
-    assert _steps_budget(cfg, loading=100.0) == pytest.approx(120.0)
-    assert _steps_budget(TrainConfig(data=[], out_dir="", time_budget=50.0), loading=1e6) == 50.0  # no wall budget
+    assert _seconds_for_steps(cfg, loading=100.0) == pytest.approx(120.0)
+    assert _seconds_for_steps(TrainConfig(data=[], out_dir="", time_budget=50.0), loading=1e6) == 50.0  # no wall budget
     with pytest.raises(ValueError, match="leaves no time to train: loading took 480 s"):
-        _steps_budget(cfg, loading=480.0)
+        _seconds_for_steps(cfg, loading=480.0)
 
 
 def test_wall_budget_must_be_positive(tmp_path, capsys):
