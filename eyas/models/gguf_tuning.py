@@ -11,7 +11,10 @@ both are slower: SmolLM2's 121 projections at 2 rows 9.44 ms with both against 7
 verify step of 2 nodes cost 3.4 ms more than a plain one instead of 1.4 ms (docs/benchmarks.md). So the
 first load on a machine times the four settings at 2-4 rows (the verify widths speculative steps use most),
 about 3 s, and caches the fastest under ``$EYAS_CACHE/kernel_tuning/`` keyed by CPU, threads and the kernels'
-sources. ``EYAS_GGUF_TUNING=PREFETCH,PAIR`` (e.g. ``0,0``) sets it by hand and skips the timing.
+sources. ``pair_as_triple`` is decided on the 2-row time alone (no other width of a verify tree up to 9 nodes runs a
+2-row block): summed over 2-4 rows, the noise at 3 and 4 rows outweighed it, and a Zen 4 VM kept 2 rows as a
+triple at 8.7 ms where a pair cost 8.3 (``scripts/projection_cost.py``). ``EYAS_GGUF_TUNING=PREFETCH,PAIR`` (e.g.
+``0,0``) sets it by hand and skips the timing.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from eyas.models.cpu import cpu_flags, cpu_name
 from eyas.models.gguf_blocks import block_kernel
 
 ROWS = (2, 3, 4)  # rows timed: the verify widths adaptive trees use most
+PICK_VERSION = 2  # in the cache key: choices made by an earlier rule are timed again
 
 
 @dataclass(frozen=True)
@@ -51,18 +55,26 @@ class KernelTuning:
 SETTINGS = tuple(KernelTuning(p, t) for p in (True, False) for t in (True, False))
 
 
-def pick(seconds: dict[KernelTuning, float]) -> KernelTuning:
-    """The fastest setting; a tie keeps the earlier one in ``SETTINGS`` order (the Zen 5 defaults first)."""
-    return min(SETTINGS, key=lambda s: (seconds[s], SETTINGS.index(s)))
+def pick(seconds: dict[KernelTuning, dict[int, float]]) -> KernelTuning:
+    """The fastest setting from seconds by setting and rows. ``pair_as_triple`` only changes how a 2-row block
+    runs, so it is judged on 2 rows alone: every other width counts at its best over the two pair settings (the
+    same code, timed twice). A tie keeps the earlier setting in ``SETTINGS`` order (the Zen 5 defaults first).
+    """
+    def cost(s: KernelTuning) -> float:
+        same_prefetch = [t for t in SETTINGS if t.prefetch == s.prefetch]
+        return sum(seconds[s][r] if r == 2 else min(seconds[t][r] for t in same_prefetch) for r in seconds[s])
+
+    return min(SETTINGS, key=lambda s: (cost(s), SETTINGS.index(s)))
 
 
-def time_settings(kernel, blocks: list, rows=ROWS, rounds: int = 3, repeats: int = 4) -> dict[KernelTuning, float]:
-    """Seconds for every projection in ``blocks`` (GGUFBlocks) at each of ``rows``, summed over rows, best of
-    ``rounds`` passes that alternate through the settings (a slow spell of the machine touches all of them).
+def time_settings(kernel, blocks: list, rows=ROWS, rounds: int = 3,
+                  repeats: int = 4) -> dict[KernelTuning, dict[int, float]]:
+    """Seconds for every projection in ``blocks`` (GGUFBlocks) by setting and number of rows, best of ``rounds``
+    passes that alternate through the settings (a slow spell of the machine touches all of them).
     """
     xs = {r: [torch.randn(r, b.k, generator=torch.Generator().manual_seed(r)).bfloat16() for b in blocks] for r in rows}
     empty = torch.empty(0)
-    best = {(s, r): float("inf") for s in SETTINGS for r in rows}
+    best = {s: {r: float("inf") for r in rows} for s in SETTINGS}
     with torch.inference_mode():
         for _ in range(rounds):
             for s in SETTINGS:
@@ -74,8 +86,8 @@ def time_settings(kernel, blocks: list, rows=ROWS, rounds: int = 3, repeats: int
                     for _ in range(repeats):
                         for b, x in zip(blocks, xs[r], strict=True):
                             kernel.linear(x, b.data, b.qtype, empty)
-                    best[s, r] = min(best[s, r], (time.perf_counter() - t) / repeats)
-    return {s: sum(best[s, r] for r in rows) for s in SETTINGS}
+                    best[s][r] = min(best[s][r], (time.perf_counter() - t) / repeats)
+    return best
 
 
 def tune_block_kernel(model: nn.Module, cache_dir: Path | None = None, kernel=None) -> KernelTuning | None:
@@ -95,7 +107,7 @@ def tune_block_kernel(model: nn.Module, cache_dir: Path | None = None, kernel=No
         return apply(kernel, KernelTuning.parse(os.environ["EYAS_GGUF_TUNING"]))
     shapes = sorted({(b.qtype, *b.data.shape) for b in blocks})
     key = {"cpu": cpu_name(), "flags": sorted(cpu_flags()), "threads": torch.get_num_threads(),
-           "torch": torch.__version__, "kernels": kernels.sources_digest(), "shapes": shapes}
+           "torch": torch.__version__, "kernels": kernels.sources_digest(), "shapes": shapes, "pick": PICK_VERSION}
     path = cache_dir / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]}.json"
     if path.exists():
         return apply(kernel, KernelTuning(**json.loads(path.read_text())["choice"]))
@@ -104,7 +116,8 @@ def tune_block_kernel(model: nn.Module, cache_dir: Path | None = None, kernel=No
     choice = pick(seconds)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")  # two processes timing at once each write their own, then one wins
-    timed = [{**asdict(s), "ms": round(1e3 * v, 3)} for s, v in seconds.items()]
+    timed = [{**asdict(s), "ms_by_rows": {r: round(1e3 * v, 3) for r, v in by_rows.items()}}
+             for s, by_rows in seconds.items()]
     tmp.write_text(json.dumps({"key": key, "choice": asdict(choice), "timed_rows": list(ROWS), "timed": timed},
                               indent=1))
     tmp.replace(path)

@@ -43,11 +43,25 @@ def test_every_setting_gives_the_same_bits_at_every_row_count(qtype):
 
 
 def test_pick_takes_the_fastest_and_breaks_ties_towards_the_defaults():
-    times = {s: 1.0 for s in SETTINGS}
+    times = {s: {2: 1.0, 3: 1.0, 4: 1.0} for s in SETTINGS}
     assert pick(times) == KernelTuning()  # all equal: the built-in defaults (first in SETTINGS)
-    times[KernelTuning(False, False)] = 0.8
-    times[KernelTuning(False, True)] = 0.9
+    for r in (2, 3, 4):
+        times[KernelTuning(False, False)][r] = 0.8
+        times[KernelTuning(False, True)][r] = 0.9
     assert pick(times) == KernelTuning(prefetch=False, pair_as_triple=False)
+
+
+def test_pair_as_triple_is_judged_on_two_rows_alone():
+    """It only changes 2-row blocks: noise at 3-4 rows (the same code, timed twice) must not decide it."""
+    times = {s: {2: 1.0, 3: 1.0, 4: 1.0} for s in SETTINGS}
+    times[KernelTuning(False, True)].update({2: 0.9, 3: 0.5, 4: 0.5})  # lucky at 3-4 rows, slower at 2
+    times[KernelTuning(False, False)].update({2: 0.8, 3: 0.7, 4: 0.7})
+    assert pick(times) == KernelTuning(prefetch=False, pair_as_triple=False)
+    times[KernelTuning(False, False)][2] = 0.95  # now the triple is faster at 2 rows too
+    assert pick(times) == KernelTuning(prefetch=False, pair_as_triple=True)
+    # prefetch is judged on every width: faster at 2 rows but slower over 3-4 loses
+    times[KernelTuning(True, True)].update({2: 0.6, 3: 1.0, 4: 1.0})
+    assert pick(times).prefetch is False
 
 
 def test_tuning_from_the_environment_is_parsed_or_refused_with_the_fix():
