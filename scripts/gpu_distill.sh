@@ -18,7 +18,8 @@
 # 215 s). On an H100 (third draw) a training run with data generation beside it loaded in 183 s and was killed at the
 # call's 600 s limit before its export: hence --wall-budget, and data before training, not beside it.
 # Environment: DATA_S (default 120; 0 skips the data), END_S (560: call 2 with timeout_s 600), BATCH (1024 rows of
-# `eyas data`), TRAIN_TOKENS (16384), LR (4e-4), SEED (4: the draws so far used 1, 2 and 7). TRAIN_S, which the
+# `eyas data`), TRAIN_TOKENS (16384), LR (4e-4), SEED (8: GPU draws used 1, 2, 7 and 4, CPU files 3, 5 and 6; a
+# seed used before redraws its requests first, which the dedupe then drops). TRAIN_S, which the
 # first two draws set, is gone: END_S bounds the training.
 # The shipped head (the start of training) is stashed by call 1 too, so call 2's tree can leave it out.
 set -u -o pipefail
@@ -41,8 +42,7 @@ prepare() {  # here, with the project's venv first on PATH
     local g d
     g=$(python -c "from eyas.models.loading import embedded_gguf_path as e; print(e())") || return 1
     d=$(python -c "from eyas.models.loading import resolve_model_dir as r; print(r(None))") || return 1
-    rm -rf .carry/magpie && mkdir -p .carry/tok .carry/head .carry/magpie .whl
-    head -c 35000000 "$g" > .carry/p1 && tail -c +35000001 "$g" > .carry/p2
+    rm -rf .carry/magpie .carry/p1 .carry/p2 && mkdir -p .carry/tok .carry/head .carry/magpie .whl
     cp data/selfdistill/smollm2-135m-instruct-magpie-*.jsonl.xz .carry/magpie/
     xz -9 -c data/selfdistill/smollm2-135m-instruct-commercial.jsonl > .carry/commercial.jsonl.xz
     cp eyas/heads/smollm2-135m-instruct-eagle3/* .carry/head/
@@ -53,12 +53,20 @@ prepare() {  # here, with the project's venv first on PATH
     grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
     # shellcheck disable=SC2086
     git rm --cached -r -q $BIG && for f in $BIG; do echo "/$f" >> .git/info/exclude; done
-    local tree c1 c2
+    # the GGUF split where both calls carry the same: call 1 = tree + its files + p1, call 2 = tree + the rest
+    local tree extras size split c1 c2
     tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
-    c1=$((tree + $(du -cb .carry/p1 .carry/commercial.jsonl.xz .carry/tok .carry/head .carry/magpie .whl | tail -1 | cut -f1)))
-    c2=$((tree + $(du -b .carry/p2 | cut -f1)))
-    echo "tree $tree bytes; call 1 $c1, call 2 $c2 (limit $LIMIT)"
-    [ "$c1" -lt "$LIMIT" ] && [ "$c2" -lt "$LIMIT" ] || { echo "a call is over 64 MiB: move the split point" >&2; return 1; }
+    extras=$(du -cb .carry/commercial.jsonl.xz .carry/tok .carry/head .carry/magpie .whl | tail -1 | cut -f1)
+    size=$(stat -c %s "$g")
+    split=$(( (size - extras) / 2 ))
+    [ "$split" -gt 0 ] || { echo "call 1's files alone ($extras bytes) outweigh the GGUF: carry fewer" >&2; return 1; }
+    head -c "$split" "$g" > .carry/p1 && tail -c +$((split + 1)) "$g" > .carry/p2
+    c1=$((tree + extras + $(stat -c %s .carry/p1)))
+    c2=$((tree + $(stat -c %s .carry/p2)))
+    echo "tree $tree bytes; GGUF split at $split; call 1 $c1, call 2 $c2 (limit $LIMIT)"
+    [ "$c1" -lt "$LIMIT" ] && [ "$c2" -lt "$LIMIT" ] || {
+        echo "a call is over 64 MiB with the split balanced: carry fewer Magpie files in call 1 (.carry/magpie)" >&2
+        return 1; }
 }
 
 restore() {  # here: the big files back in the index, the exclusions gone
@@ -120,14 +128,14 @@ run() {
     python3 -c "from eyas.models.loading import resolve_model_dir as r; print(r('$gguf'))" || return 1
     stamp "target converted"
     # the shipped data first (the commercial file and every packed Magpie file, GPU- or CPU-made): their Magpie ids
-    # are the dedupe set, so the GPU adds new requests only; SEED differs from the earlier draws' (1, 2)
+    # are the dedupe set, so the GPU adds new requests only; SEED differs from the earlier ones
     [ -s "$data" ] || { xz -dc "$STASH/commercial.jsonl.xz"
         for f in "$STASH"/magpie/*.jsonl.xz; do xz -dc "$f"; done; } > "$data"
     local before; before=$(wc -l < "$data")
     [ "${DATA_S:-120}" -gt 0 ] && timeout -s KILL "${DATA_S:-120}" python3 -m eyas data --prompts magpie \
         --limit 1000000 --model "$gguf" \
         --device "${DEVICE:-cuda}" --dtype bfloat16 --batch-size "${BATCH:-1024}" --prefill-rows 256 --max-slots 1024 \
-        --max-new-tokens 512 --seed "${SEED:-4}" --out "$data" 2>&1 | tr '\r' '\n' | grep --line-buffered -v '^ *$' \
+        --max-new-tokens 512 --seed "${SEED:-8}" --out "$data" 2>&1 | tr '\r' '\n' | grep --line-buffered -v '^ *$' \
         | awk 'NR % 20 == 1 {print; fflush()}'
     stamp "data: $before -> $(wc -l < "$data") conversations"
     python3 - "$data" "$before" <<'EOF' | tee "$OUT/data_summary.json"
