@@ -164,7 +164,7 @@ EOF
         --lr "${LR:-4e-4}" --warmup-steps 20 --epochs 4 --wall-budget "$wall" --save-every 100000 \
         --eval-every 100000 --holdout 0 --seed 0 --target-dtype bfloat16 --mixed-precision bf16 2>&1 \
         | tr '\r' '\n' | grep --line-buffered -v '^ *$' \
-        | awk '/trained|budget|rror|Trace|^  File/ || NR % 100 == 1 {print; fflush()}'
+        | awk '/trained|budget|loading|rror|Trace|^  File/ || NR % 100 == 1 {print; fflush()}'
     stamp "trained"
     split -b 15000000 "$run/head/model.safetensors" "$OUT/head.safetensors.part-"
     tar -C "$run" -czf "$OUT/meta.tar.gz" head/config.json train_log.jsonl train_summary.json train_config.json \

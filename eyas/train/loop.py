@@ -190,9 +190,13 @@ def train(cfg: TrainConfig, log=print) -> dict:
     torch.manual_seed(cfg.seed)
     loaded = load_target(cfg.model, cfg.target_dtype, device=acc.device)
     target = loaded.model.requires_grad_(False)
+    t_tok = time.time()
     examples = load_examples(cfg.data, loaded.tokenizer, cfg.max_len, log=log, convs=convs)
     train_ex, hold_ex = split_holdout(examples, min(cfg.holdout, len(examples) // 10))
+    t_obj = time.time()
     objective = build_objective(cfg, target, train_ex)
+    log(f"loading: {len(convs)} conversations read and the target loaded in {t_tok - t_called:.1f} s, tokenized in "
+        f"{t_obj - t_tok:.1f} s, the objective built in {time.time() - t_obj:.1f} s")
     head = objective.module.to(acc.device)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
