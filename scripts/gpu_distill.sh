@@ -52,7 +52,8 @@ prepare() {  # here, with the project's venv first on PATH
         --platform manylinux2014_x86_64 -d .whl gguf==0.19.0 || return 1
     grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
     # shellcheck disable=SC2086
-    git rm --cached -r -q $BIG && for f in $BIG; do echo "/$f" >> .git/info/exclude; done
+    git rm --cached -r -q $BIG || { echo "commit (git add) every file of BIG first" >&2; return 1; }
+    for f in $BIG; do echo "/$f" >> .git/info/exclude; done
     # the GGUF split where both calls carry the same: call 1 = tree + its files + p1, call 2 = tree + the rest
     local tree extras size split c1 c2
     tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
