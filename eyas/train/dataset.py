@@ -108,7 +108,7 @@ def load_examples(paths, tok, max_len: int = 1024, min_assistant: int = 4, log=p
                   convs: list[dict] | None = None) -> list[Example]:
     """Tokenized conversations of ``paths`` (or the already read ``convs`` of those paths): ``tokenize_conversation``
     for each, with the texts of ``CHUNK`` conversations encoded in one batch call (a fast tokenizer spreads it over
-    every core: 45 k conversations took ~85 s one by one on a GPU host's loading, most of a training call's start).
+    every core; one by one, ~2 ms a conversation on the 2-core VM, which for a GPU draw's ~40 k is most of its start).
     """
     convs = convs if convs is not None else read_conversations(paths, log)
     out = []
