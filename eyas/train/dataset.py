@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,11 +106,29 @@ def tokenize_conversation(tok, messages: list[dict], max_len: int) -> Example:
     return _example([tok(t, add_special_tokens=False)["input_ids"] for t in texts], max_len)
 
 
+@contextmanager
+def tokenizer_threads():
+    """Let a fast tokenizer's batch calls use every core inside the block. ``eyas``'s CLI sets
+    TOKENIZERS_PARALLELISM=false (no fork warnings from the server or the data workers), which the Rust side reads at
+    each call, so the fifth GPU draw encoded its 47 k conversations on one of 16 cores (tokenizing took 75 s of its 90 s
+    start). The old value comes back after, so a later fork still sees the variable set and stays quiet.
+    """
+    old = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = old
+
+
 def load_examples(paths, tok, max_len: int = 1024, min_assistant: int = 4, log=print,
                   convs: list[dict] | None = None) -> list[Example]:
     """Tokenized conversations of ``paths`` (or the already read ``convs`` of those paths): ``tokenize_conversation``
     for each, with the texts of ``CHUNK`` conversations encoded in one batch call (a fast tokenizer spreads it over
-    every core; one by one, ~2 ms a conversation on the 2-core VM, which for a GPU draw's ~40 k is most of its start).
+    every core, ``tokenizer_threads``; on one core ~1.6 ms a conversation: 75 s of a GPU draw's 90 s start for 47 k).
     """
     convs = convs if convs is not None else read_conversations(paths, log)
     out = []
@@ -116,13 +136,14 @@ def load_examples(paths, tok, max_len: int = 1024, min_assistant: int = 4, log=p
         chunk = convs[c0 : c0 + CHUNK]
         texts = [_turn_texts(tok, conv["messages"]) for conv in chunk]
         every = [t for ts in texts for t in ts]
-        flat = tok(every, add_special_tokens=False)["input_ids"] if every else []
+        with tokenizer_threads():
+            flat = tok(every, add_special_tokens=False)["input_ids"] if every else []
         at = 0
         for conv, ts in zip(chunk, texts, strict=True):
             ex = _example(flat[at : at + len(ts)], max_len)
             at += len(ts)
             ex.id = conv["id"]
-            if int(ex.loss_mask.sum()) >= min_assistant:
+            if int(ex.loss_mask.numpy().sum()) >= min_assistant:  # numpy: a tenth of torch's per-call cost
                 out.append(ex)
     if not out:
         raise ValueError(f"no usable conversations in {', '.join(map(str, paths or []))}")

@@ -43,3 +43,34 @@ def test_batched_tokenization_equals_one_conversation_at_a_time(default_target, 
 def test_conversations_with_too_few_assistant_tokens_are_dropped(default_target):
     got = load_examples(None, default_target.tokenizer, max_len=64, min_assistant=4, convs=_convs())
     assert "short" not in [e.id for e in got] and "one" in [e.id for e in got]
+
+
+class _Spy:
+    """A tokenizer that records TOKENIZERS_PARALLELISM at each encode call."""
+
+    def __init__(self, tok):
+        self.tok, self.seen = tok, []
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+    def __call__(self, *a, **kw):
+        import os
+
+        self.seen.append(os.environ.get("TOKENIZERS_PARALLELISM"))
+        return self.tok(*a, **kw)
+
+
+@pytest.mark.parametrize("before", ["false", None])
+def test_batch_encode_uses_every_core_and_restores_the_setting(default_target, monkeypatch, before):
+    import os
+
+    if before is None:
+        monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    else:
+        monkeypatch.setenv("TOKENIZERS_PARALLELISM", before)  # what eyas's CLI sets
+    monkeypatch.setattr(dataset, "CHUNK", 2)
+    spy = _Spy(default_target.tokenizer)
+    load_examples(None, spy, max_len=64, min_assistant=1, convs=_convs())
+    assert spy.seen == ["true", "true"]  # two chunks, each encoded with the tokenizer's threads on
+    assert os.environ.get("TOKENIZERS_PARALLELISM") == before
