@@ -20,7 +20,7 @@
 # H200, 2026-11-27, DATA_S=60): call 1 154 s held; call 2 532 s: data 60 s -> 179 k tokens (the generator ramps up
 # over its first minute, 3-5 k tok/s), training loaded in 90 s (74.7 s tokenizing on one core, since fixed) and ran
 # 3,972 steps, 41 M tokens at 124 k tok/s.
-# Environment: DATA_S (default 120; 0 skips the data), END_S (560: call 2 with timeout_s 600), BATCH (1024 rows of
+# Environment: DATA_S (default 0, no data phase: a short one is mostly ramp, docs/heads.md; 120 gave ~1 M tokens), END_S (560: call 2 with timeout_s 600), BATCH (1024 rows of
 # `eyas data`), TRAIN_TOKENS (16384), LR (4e-4), SEED (9: GPU draws used 1, 2, 7, 4 and 8, CPU files 3, 5 and 6; a
 # seed used before redraws its requests first, which the dedupe then drops). TRAIN_S, which the
 # first two draws set, is gone: END_S bounds the training.
@@ -136,7 +136,7 @@ run() {
     [ -s "$data" ] || { xz -dc "$STASH/commercial.jsonl.xz"
         for f in "$STASH"/magpie/*.jsonl.xz; do xz -dc "$f"; done; } > "$data"
     local before; before=$(wc -l < "$data")
-    [ "${DATA_S:-120}" -gt 0 ] && timeout -s KILL "${DATA_S:-120}" python3 -m eyas data --prompts magpie \
+    [ "${DATA_S:-0}" -gt 0 ] && timeout -s KILL "${DATA_S:-0}" python3 -m eyas data --prompts magpie \
         --limit 1000000 --model "$gguf" \
         --device "${DEVICE:-cuda}" --dtype bfloat16 --batch-size "${BATCH:-1024}" --prefill-rows 256 --max-slots 1024 \
         --max-new-tokens 512 --seed "${SEED:-9}" --out "$data" 2>&1 | tr '\r' '\n' | grep --line-buffered -v '^ *$' \
