@@ -20,10 +20,10 @@
 # H200, 2026-11-27, DATA_S=60): call 1 154 s held; call 2 532 s: data 60 s -> 179 k tokens (the generator ramps up
 # over its first minute, 3-5 k tok/s), training loaded in 90 s (74.7 s tokenizing on one core, since fixed) and ran
 # 3,972 steps, 41 M tokens at 124 k tok/s.
-# Environment: DATA_S (default 0, no data phase: a short one is mostly ramp, docs/heads.md; 120 gave ~1 M tokens), END_S (560: call 2 with timeout_s 600), BATCH (1024 rows of
-# `eyas data`), TRAIN_TOKENS (16384), LR (4e-4), SEED (9: GPU draws used 1, 2, 7, 4 and 8, CPU files 3, 5 and 6; a
-# seed used before redraws its requests first, which the dedupe then drops). TRAIN_S, which the
-# first two draws set, is gone: END_S bounds the training.
+# Environment: DATA_S (default 0, no data phase: a short one is mostly ramp, docs/heads.md; 120 s gave ~1 M
+# tokens), END_S (560: call 2 with timeout_s 600), BATCH (1024 rows of `eyas data`), TRAIN_TOKENS (16384), LR (4e-4),
+# SEED (9: GPU draws used 1, 2, 7, 4 and 8, CPU files 3, 5, 6 and 10; a seed used before redraws its requests first,
+# which the dedupe then drops). TRAIN_S, which the first two draws set, is gone: END_S bounds the training.
 # The shipped head (the start of training) is stashed by call 1 too, so call 2's tree can leave it out.
 set -u -o pipefail
 STASH=${STASH:-/root/eyas-stash}
