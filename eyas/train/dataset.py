@@ -143,7 +143,7 @@ def load_examples(paths, tok, max_len: int = 1024, min_assistant: int = 4, log=p
             ex = _example(flat[at : at + len(ts)], max_len)
             at += len(ts)
             ex.id = conv["id"]
-            if int(ex.loss_mask.numpy().sum()) >= min_assistant:  # numpy: a tenth of torch's per-call cost
+            if int(ex.loss_mask.numpy().sum()) >= min_assistant:  # numpy: ~4 against torch's ~12 us a call
                 out.append(ex)
     if not out:
         raise ValueError(f"no usable conversations in {', '.join(map(str, paths or []))}")

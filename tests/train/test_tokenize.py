@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -55,16 +57,12 @@ class _Spy:
         return getattr(self.tok, name)
 
     def __call__(self, *a, **kw):
-        import os
-
         self.seen.append(os.environ.get("TOKENIZERS_PARALLELISM"))
         return self.tok(*a, **kw)
 
 
 @pytest.mark.parametrize("before", ["false", None])
 def test_batch_encode_uses_every_core_and_restores_the_setting(default_target, monkeypatch, before):
-    import os
-
     if before is None:
         monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
     else:
