@@ -2,20 +2,67 @@
 
 Wraps SpecDecoder's three verbs (draft, verify_forward, accept) with timers, runs plain decoding then the drafter
 over the same questions in one process, and prints ms per step of each, tau, the step ratio and decode tok/s
-(prefill excluded). ``--tree`` fixes the tree; without it eyas sizes one at load (eyas.autotree).
+(prefill excluded). ``--tree`` fixes the tree; without it eyas sizes one at load (eyas.autotree). ``--parts`` also
+times the default drafter's pieces (the head's extension over accepted tokens and its tree levels, its layer, fused
+taps, embedding and vocabulary head, the tree's bookkeeping, the lookup merge) and the verify forward by tree size.
+Nested pieces are inside their callers' times; calls during prefill are left out; the timers cost a few
+microseconds a call.
 
 python scripts/tune_questions.py --out /tmp/tune.jsonl
 python scripts/step_profile.py --questions /tmp/tune.jsonl --limit 12 --tree dynamic:2,1,2
+python scripts/step_profile.py --questions /tmp/tune.jsonl --limit 6 --max-new-tokens 128 --parts
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
+from collections import defaultdict
 
 import eyas
 from eyas.decode import SpecDecoder
+from eyas.drafters.eagle import EagleDrafter
+from eyas.drafters.eagle3 import Eagle3Drafter, Eagle3Head
+from eyas.drafters.expansion import DynamicExpansion
+from eyas.drafters.hybrid import HybridDrafter
+from eyas.models.gguf_blocks import GGUFBlocks
+
+VERBS = ("draft", "verify_forward", "accept")
+# (class, method, label): the default drafter's pieces, outermost first
+PARTS = (
+    (HybridDrafter, "extend", "head: extend over accepted tokens"),
+    (Eagle3Head, "fuse", "  fc over the target's taps"),
+    (EagleDrafter, "_embed", "  embedding (extend and levels)"),
+    (Eagle3Head, "fast_forward", "  layer (extend and levels)"),
+    (Eagle3Drafter, "_logp", "  vocabulary head + log-softmax (all)"),
+    (HybridDrafter, "propose", "head: propose (levels, tree, lookup merge)"),
+    (EagleDrafter, "_run_feed", "  one more tree level"),
+    (DynamicExpansion, "start", "  tree: first level"),
+    (DynamicExpansion, "grow", "  tree: grow"),
+)
+
+
+IN_PREFILL = [False]  # set while SpecDecoder.prefill runs: its calls are not a decoding step's
+
+
+def wrap(cls, name: str, sink: list[float], sizes: defaultdict | None = None) -> None:
+    """Replace cls.name by a timed copy appending seconds to ``sink`` (and by tree size to ``sizes``)."""
+    real = getattr(cls, name)
+
+    def timed(*args, **kw):
+        t0 = time.perf_counter()
+        out = real(*args, **kw)
+        dt = time.perf_counter() - t0
+        if IN_PREFILL[0]:
+            return out
+        sink.append(dt)
+        if sizes is not None:
+            sizes[args[2].num_nodes].append(dt)
+        return out
+
+    setattr(cls, name, timed)
 
 
 def main() -> None:
@@ -25,27 +72,39 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--tree", default=None)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--parts", action="store_true", help="also time the drafter's pieces and verify by tree size")
     a = ap.parse_args()
     qs = [json.loads(line)["turns"][0] for line in open(a.questions)][: a.limit]
     spec = eyas.load(dtype=a.dtype, tree=a.tree)
     print("tree", spec.drafter_spec.tree, spec.tree_choice)
-    times: dict[str, list[float]] = {"draft": [], "verify_forward": [], "accept": []}
-    for name in times:
-        real = getattr(SpecDecoder, name)
+    times: dict[str, list[float]] = {name: [] for name in VERBS}
+    by_size: defaultdict[int, list[float]] = defaultdict(list)
+    for name in VERBS:
+        wrap(SpecDecoder, name, times[name], by_size if name == "verify_forward" else None)
+    parts: dict[str, list[float]] = {}
+    real_prefill = SpecDecoder.prefill
 
-        def timed(self, *args, _real=real, _name=name):
-            t0 = time.perf_counter()
-            out = _real(self, *args)
-            times[_name].append(time.perf_counter() - t0)
-            return out
+    def prefill(self, *args, **kw):
+        IN_PREFILL[0] = True
+        try:
+            return real_prefill(self, *args, **kw)
+        finally:
+            IN_PREFILL[0] = False
 
-        setattr(SpecDecoder, name, timed)
+    SpecDecoder.prefill = prefill
+    if a.parts:
+        for cls, name, label in PARTS:
+            parts[label] = []
+            wrap(cls, name, parts[label])
+        parts["  head's block-kernel projections (all)"] = kernel = []
+        head_kernel(kernel)
     spec.generate(qs[0], max_new_tokens=16)
     spec.generate(qs[0], max_new_tokens=16, speculate=False)
     rows = {}
     for speculate in (False, True):
-        for v in times.values():
+        for v in (*times.values(), *parts.values()):
             v.clear()
+        by_size.clear()
         secs = tokens = steps = accepted = 0
         for q in qs:
             r = spec.generate(q, max_new_tokens=a.max_new_tokens, speculate=speculate)
@@ -56,9 +115,42 @@ def main() -> None:
         rows[speculate] = (ms, tokens / secs, 1 + accepted / max(steps, 1))
         label = "speculative" if speculate else "plain"
         print(f"{label:12s} ms per step {({k: round(v, 2) for k, v in ms.items()})} sum {sum(ms.values()):.2f}")
+        if a.parts:
+            sizes = ", ".join(f"{n}: {1e3 * statistics.median(v):.2f} ({len(v)})" for n, v in sorted(by_size.items()))
+            print(f"  verify forward by tree size, median ms (steps): {sizes}")
+        if a.parts and speculate:
+            for k, v in parts.items():
+                print(f"  {k:44s} {1e3 * sum(v) / steps:6.2f} ms a step, {len(v) / steps:4.2f} calls")
     (pm, ptps, _), (sm, stps, tau) = rows[False], rows[True]
     print(f"tau {tau:.2f}  step/plain {sum(sm.values()) / sum(pm.values()):.2f}  decode tok/s plain {ptps:.1f} "
           f"speculative {stps:.1f}  speedup {stps / ptps:.2f}")
+
+
+def head_kernel(sink: list[float]) -> None:
+    """Time GGUFBlocks.linear calls made inside the drafter (the head's Q8_0 projections), not the target's."""
+    real = GGUFBlocks.linear
+    inside = [0]
+
+    def timed(self, x, bias):
+        if not inside[0] or IN_PREFILL[0]:
+            return real(self, x, bias)
+        t0 = time.perf_counter()
+        out = real(self, x, bias)
+        sink.append(time.perf_counter() - t0)
+        return out
+
+    GGUFBlocks.linear = timed
+    for name in ("extend", "propose"):
+        outer = getattr(HybridDrafter, name)
+
+        def flagged(*args, _outer=outer, **kw):
+            inside[0] += 1
+            try:
+                return _outer(*args, **kw)
+            finally:
+                inside[0] -= 1
+
+        setattr(HybridDrafter, name, flagged)
 
 
 if __name__ == "__main__":
