@@ -3,8 +3,9 @@
 # while the machine stays warm: the embedded GGUF (98 MB) travels in two parts, as the tool moves 64 MiB a call.
 #
 #   here:    bash scripts/gpu_distill.sh prepare   (the GGUF split into .carry/p1 + .carry/p2, the shipped data xz'd,
-#            the shipped head, the tokenizer files, the gguf wheel in .whl/; and the big tracked files taken out of
-#            git's index and excluded, so the tree stays under 64 MiB: `bash scripts/gpu_distill.sh restore` after)
+#            the shipped head (its weights xz'd), the tokenizer files, the gguf wheel in .whl/; and the big tracked
+#            files taken out of git's index and excluded, so the tree stays under 64 MiB: `bash scripts/gpu_distill.sh
+#            restore` after)
 #   call 1:  bash scripts/gpu_distill.sh stash     carry .carry/p1 .carry/commercial.jsonl.xz .carry/tok .carry/head
 #                                                  .carry/magpie .whl
 #            (keeps them in $STASH and runs the whole pipeline on a tiny random model: a smoke test)
@@ -22,8 +23,8 @@
 # 3,972 steps, 41 M tokens at 124 k tok/s.
 # Environment: DATA_S (default 0, no data phase: a short one is mostly ramp, docs/heads.md; 120 s gave ~1 M
 # tokens), END_S (560: call 2 with timeout_s 600), BATCH (1024 rows of `eyas data`), TRAIN_TOKENS (16384), LR (4e-4),
-# SEED (9: GPU draws used 1, 2, 7, 4 and 8, CPU files 3, 5, 6 and 10; a seed used before redraws its requests first,
-# which the dedupe then drops). TRAIN_S, which the first two draws set, is gone: END_S bounds the training.
+# SEED (9: GPU draws used 1, 2, 7, 4 and 8, CPU files 3, 5, 6, 10 and 11; a seed used before redraws its requests
+# first, which the dedupe then drops). TRAIN_S, which the first two draws set, is gone: END_S bounds the training.
 # The shipped head (the start of training) is stashed by call 1 too, so call 2's tree can leave it out.
 set -u -o pipefail
 STASH=${STASH:-/root/eyas-stash}
@@ -45,10 +46,11 @@ prepare() {  # here, with the project's venv first on PATH
     local g d
     g=$(python -c "from eyas.models.loading import embedded_gguf_path as e; print(e())") || return 1
     d=$(python -c "from eyas.models.loading import resolve_model_dir as r; print(r(None))") || return 1
-    rm -rf .carry/magpie .carry/p1 .carry/p2 && mkdir -p .carry/tok .carry/head .carry/magpie .whl
+    rm -rf .carry/magpie .carry/head .carry/p1 .carry/p2 && mkdir -p .carry/tok .carry/head .carry/magpie .whl
     cp data/selfdistill/smollm2-135m-instruct-magpie-*.jsonl.xz .carry/magpie/
     xz -9 -c data/selfdistill/smollm2-135m-instruct-commercial.jsonl > .carry/commercial.jsonl.xz
-    cp eyas/heads/smollm2-135m-instruct-eagle3/* .carry/head/
+    # the head's bf16 weights xz'd: 19.7 -> 14.0 MB (their exponent bytes compress), 2.8 MB more room in each call
+    cp eyas/heads/smollm2-135m-instruct-eagle3/* .carry/head/ && xz -T0 -6 -f .carry/head/model.safetensors || return 1
     cp "$d/config.json" "$d/tokenizer_config.json" "$d/chat_template.jinja" .carry/tok/
     xz -9 -c "$d/tokenizer.json" > .carry/tok/tokenizer.json.xz
     python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -83,6 +85,7 @@ restore() {  # here: the big files back in the index, the exclusions gone
 stash() {
     mkdir -p "$STASH/tok" "$STASH/head" && cp .carry/p1 .carry/commercial.jsonl.xz "$STASH"/ || return 1
     cp .carry/tok/* "$STASH/tok/" && cp .carry/head/* "$STASH/head/" || return 1
+    if [ -f "$STASH/head/model.safetensors.xz" ]; then xz -d -f "$STASH/head/model.safetensors.xz" || return 1; fi
     mkdir -p "$STASH/magpie" && cp .carry/magpie/* "$STASH/magpie/" || return 1
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$STASH/site" \
         .whl/*.whl || return 1
