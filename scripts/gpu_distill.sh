@@ -85,7 +85,7 @@ restore() {  # here: the big files back in the index, the exclusions gone
 stash() {
     mkdir -p "$STASH/tok" "$STASH/head" && cp .carry/p1 .carry/commercial.jsonl.xz "$STASH"/ || return 1
     cp .carry/tok/* "$STASH/tok/" && cp .carry/head/* "$STASH/head/" || return 1
-    if [ -f "$STASH/head/model.safetensors.xz" ]; then xz -d -f "$STASH/head/model.safetensors.xz" || return 1; fi
+    xz -d -f "$STASH/head/model.safetensors.xz" || return 1  # prepare packs it
     mkdir -p "$STASH/magpie" && cp .carry/magpie/* "$STASH/magpie/" || return 1
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$STASH/site" \
         .whl/*.whl || return 1

@@ -47,15 +47,17 @@ PARTS = (
 IN_PREFILL = [False]  # set while SpecDecoder.prefill runs: its calls are not a decoding step's
 
 
-def wrap(cls, name: str, sink: list[float], sizes: defaultdict | None = None) -> None:
-    """Replace cls.name by a timed copy appending seconds to ``sink`` (and by tree size to ``sizes``)."""
+def wrap(cls, name: str, sink: list[float], sizes: defaultdict | None = None, when=lambda: True) -> None:
+    """Replace cls.name by a timed copy appending seconds to ``sink`` (and, for verify_forward(seq, tree), by tree
+    size to ``sizes``) for calls outside prefill where ``when()`` holds.
+    """
     real = getattr(cls, name)
 
     def timed(*args, **kw):
         t0 = time.perf_counter()
         out = real(*args, **kw)
         dt = time.perf_counter() - t0
-        if IN_PREFILL[0]:
+        if IN_PREFILL[0] or not when():
             return out
         sink.append(dt)
         if sizes is not None:
@@ -128,18 +130,8 @@ def main() -> None:
 
 def head_kernel(sink: list[float]) -> None:
     """Time GGUFBlocks.linear calls made inside the drafter (the head's Q8_0 projections), not the target's."""
-    real = GGUFBlocks.linear
     inside = [0]
-
-    def timed(self, x, bias):
-        if not inside[0] or IN_PREFILL[0]:
-            return real(self, x, bias)
-        t0 = time.perf_counter()
-        out = real(self, x, bias)
-        sink.append(time.perf_counter() - t0)
-        return out
-
-    GGUFBlocks.linear = timed
+    wrap(GGUFBlocks, "linear", sink, when=lambda: inside[0] > 0)
     for name in ("extend", "propose"):
         outer = getattr(HybridDrafter, name)
 
