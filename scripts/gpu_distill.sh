@@ -25,6 +25,9 @@
 # tokens), END_S (560: call 2 with timeout_s 600), BATCH (1024 rows of `eyas data`), TRAIN_TOKENS (16384), LR (4e-4),
 # SEED (9: GPU draws used 1, 2, 7, 4 and 8, CPU files 3, 5, 6, 10 and 11; a seed used before redraws its requests
 # first, which the dedupe then drops). TRAIN_S, which the first two draws set, is gone: END_S bounds the training.
+# WIDEN (unset): `eyas train --widen-mlp WIDEN`, the head's MLP widened from 1,536 units before training (the same
+# function at step 0; set it for both calls, call 1's smoke test uses it too; the head's config.json then comes from
+# meta.tar.gz, not from the shipped head).
 # The shipped head (the start of training) is stashed by call 1 too, so call 2's tree can leave it out.
 set -u -o pipefail
 STASH=${STASH:-/root/eyas-stash}
@@ -122,8 +125,8 @@ EOF
         --draft-vocab 512 --batch-tokens 2048 --max-len 256 --holdout 4 --eval-tokens 16 --eval-every 3 \
         --save-every 3 --time-budget 60 --target-dtype bfloat16 --mixed-precision bf16 || return 1
     python3 -m eyas train --data "$WORK/smoke-train.jsonl" --model "$tiny" --out "$WORK/smoke-run2" --max-steps 2 \
-        --init-head "$WORK/smoke-run/head" --batch-tokens 2048 --max-len 256 --holdout 0 --eval-every 100000 \
-        --wall-budget 90 --target-dtype bfloat16 --mixed-precision bf16 || return 1
+        --init-head "$WORK/smoke-run/head" ${WIDEN:+--widen-mlp "$WIDEN"} --batch-tokens 2048 --max-len 256 \
+        --holdout 0 --eval-every 100000 --wall-budget 90 --target-dtype bfloat16 --mixed-precision bf16 || return 1
     stamp "SMOKE OK"
 }
 
@@ -167,7 +170,7 @@ EOF
     local wall=$(( ${END_S:-560} - ($(date +%s) - t0) ))
     stamp "training with --wall-budget $wall"
     python3 -m eyas train --data "$data" --model "$gguf" --out "$run" --kind eagle3 --ttt-steps 3 \
-        --init-head "$STASH/head" --max-len 1024 --batch-tokens "${TRAIN_TOKENS:-16384}" \
+        --init-head "$STASH/head" ${WIDEN:+--widen-mlp "$WIDEN"} --max-len 1024 --batch-tokens "${TRAIN_TOKENS:-16384}" \
         --lr "${LR:-4e-4}" --warmup-steps 20 --epochs 4 --wall-budget "$wall" --save-every 100000 \
         --eval-every 100000 --holdout 0 --seed 0 --target-dtype bfloat16 --mixed-precision bf16 2>&1 \
         | tr '\r' '\n' | grep --line-buffered -v '^ *$' \

@@ -46,6 +46,9 @@ def add_train_parser(sub) -> None:
     p.add_argument("--init-head", default=None,
                    help="eagle3: start from this exported head (its weights and draft vocabulary; --draft-vocab "
                         "is then ignored), e.g. to continue the shipped head on more data")
+    p.add_argument("--widen-mlp", type=int, default=None, metavar="UNITS",
+                   help="eagle3 with --init-head: give the head's MLP this many units before training (more "
+                        "capacity, same function at step 0: new units start with zero output weights)")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="end this run after about SECONDS of training: the learning-rate schedule (sized by "
                         "--epochs/--max-steps) advances by the larger of steps and elapsed time, reaching 0 on time")
@@ -71,6 +74,8 @@ def cmd_train(a: argparse.Namespace) -> int:
             raise ValueError(f"{flag} must be > 0 seconds, got {seconds}")
     if a.init_head is not None and a.kind != "eagle3":
         raise ValueError(f"--init-head continues an EAGLE-3 head; --kind is {a.kind}")
+    if a.widen_mlp is not None and a.init_head is None:
+        raise ValueError("--widen-mlp widens the head given by --init-head; pass --init-head HEAD_DIR")
     if a.batch_tokens < a.max_len:
         raise ValueError(f"--batch-tokens ({a.batch_tokens}) must be >= --max-len ({a.max_len})")
     cfg = TrainConfig(
@@ -79,7 +84,8 @@ def cmd_train(a: argparse.Namespace) -> int:
         max_steps=a.max_steps, lr=a.lr, warmup_steps=a.warmup_steps, ttt_steps=a.ttt_steps,
         draft_vocab=a.draft_vocab, align_topk=a.align_topk, medusa_heads=a.medusa_heads, save_every=a.save_every,
         eval_every=a.eval_every, holdout=a.holdout, eval_tokens=a.eval_tokens, eval_tree=a.eval_tree,
-        feature_cache=a.feature_cache, seed=a.seed, init_head=a.init_head, time_budget=a.time_budget,
+        feature_cache=a.feature_cache, seed=a.seed, init_head=a.init_head, widen_mlp=a.widen_mlp,
+        time_budget=a.time_budget,
         wall_budget=a.wall_budget,
     )
     train(cfg)

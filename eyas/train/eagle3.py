@@ -15,12 +15,12 @@ token the draft vocabulary contains, weighted ``decay ** k``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
-from eyas.drafters.eagle3 import Eagle3Head
+from eyas.drafters.eagle3 import Eagle3Head, Eagle3Layer
 from eyas.models.native import rope_tables
 from eyas.train.features import FeatureBatch
 
@@ -77,6 +77,36 @@ class TTTAttention:
 
 
 @torch.no_grad()
+@torch.no_grad()
+def widen_mlp(head: Eagle3Head, units: int, seed: int = 0) -> Eagle3Head:
+    """The head with ``units`` MLP units instead of I, computing the same function (net2net-style growth).
+
+    gate/up [I, H] -> [units, H]: the new rows are random at the existing rows' scale (std), so the new units
+    are active and get gradients; down [H, I] -> [H, units]: the new columns are zero, so at step 0 they add
+    exactly nothing (greedy drafts and tau unchanged) and training grows them. Shapes stay a plain Llama MLP,
+    which the engines read from config.json's intermediate_size.
+    """
+    mlp, old = head.midlayer.mlp, head.cfg.model.intermediate_size
+    if units < old:
+        raise ValueError(f"--widen-mlp {units} is narrower than the head's MLP ({old} units): it only widens")
+    if units == old:
+        return head
+    cfg = replace(head.cfg, model=replace(head.cfg.model, intermediate_size=units))
+    layer = Eagle3Layer(cfg.model, cfg.norm_before_residual).to(mlp.down_proj.weight)
+    missing, unexpected = layer.load_state_dict(
+        {k: v for k, v in head.midlayer.state_dict().items() if not k.startswith("mlp.")}, strict=False)
+    assert not unexpected and all(k.startswith("mlp.") for k in missing), (missing, unexpected)
+    g = torch.Generator().manual_seed(seed)
+    for name in ("gate_proj", "up_proj"):
+        w = getattr(mlp, name).weight  # [I, H]
+        extra = torch.randn(units - old, w.shape[1], generator=g) * w.float().std()
+        getattr(layer.mlp, name).weight.copy_(torch.cat([w.float(), extra]))
+    down = mlp.down_proj.weight  # [H, I]
+    layer.mlp.down_proj.weight.copy_(torch.cat([down.float(), down.new_zeros(down.shape[0], units - old).float()], 1))
+    head.cfg, head.config, head.midlayer = cfg, cfg.model, layer
+    return head.train(head.training).requires_grad_(any(p.requires_grad for p in head.fc.parameters()))
+
+
 def fit_tap_scale(taps: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """taps: [N, L, H] sample of tap features -> [L * H] scale 1 / rms per feature.
 
