@@ -4,7 +4,8 @@ Wraps SpecDecoder's three verbs (draft, verify_forward, accept) with timers, run
 over the same questions in one process, and prints ms per step of each, tau, the step ratio and decode tok/s
 (prefill excluded). ``--tree`` fixes the tree; without it eyas sizes one at load (eyas.autotree). ``--parts`` also
 times the default drafter's pieces (the head's extension over accepted tokens and its tree levels, its layer, fused
-taps, embedding and vocabulary head, the tree's bookkeeping, the lookup merge) and the verify forward by tree size.
+taps, embedding and vocabulary head, the tree's bookkeeping, the lookup merge) and the verify forward by tree size,
+with its block-kernel projections and path attention.
 Nested pieces are inside their callers' times; calls during prefill are left out; the timers cost a few
 microseconds a call.
 
@@ -84,6 +85,7 @@ def main() -> None:
     for name in VERBS:
         wrap(SpecDecoder, name, times[name], by_size if name == "verify_forward" else None)
     parts: dict[str, list[float]] = {}
+    verify_pieces: defaultdict[int, list[tuple[float, float]]] = defaultdict(list)
     real_prefill = SpecDecoder.prefill
 
     def prefill(self, *args, **kw):
@@ -100,6 +102,7 @@ def main() -> None:
             wrap(cls, name, parts[label])
         parts["  head's block-kernel projections (all)"] = kernel = []
         head_kernel(kernel)
+        verify_pieces = verify_kernels()
     spec.generate(qs[0], max_new_tokens=16)
     spec.generate(qs[0], max_new_tokens=16, speculate=False)
     rows = {}
@@ -107,6 +110,7 @@ def main() -> None:
         for v in (*times.values(), *parts.values()):
             v.clear()
         by_size.clear()
+        verify_pieces.clear()
         secs = tokens = steps = accepted = 0
         for q in qs:
             r = spec.generate(q, max_new_tokens=a.max_new_tokens, speculate=speculate)
@@ -120,12 +124,40 @@ def main() -> None:
         if a.parts:
             sizes = ", ".join(f"{n}: {1e3 * statistics.median(v):.2f} ({len(v)})" for n, v in sorted(by_size.items()))
             print(f"  verify forward by tree size, median ms (steps): {sizes}")
+            med = {n: [1e3 * statistics.median(x) for x in zip(*v, strict=True)] for n, v in verify_pieces.items()}
+            pieces = ", ".join(f"{n}: {p:.2f} / {t:.2f}" for n, (p, t) in sorted(med.items()))
+            print(f"  of it, the target's block-kernel projections / path attention, median ms: {pieces}")
         if a.parts and speculate:
             for k, v in parts.items():
                 print(f"  {k:44s} {1e3 * sum(v) / steps:6.2f} ms a step, {len(v) / steps:4.2f} calls")
     (pm, ptps, _), (sm, stps, tau) = rows[False], rows[True]
     print(f"tau {tau:.2f}  step/plain {sum(sm.values()) / sum(pm.values()):.2f}  decode tok/s plain {ptps:.1f} "
           f"speculative {stps:.1f}  speedup {stps / ptps:.2f}")
+
+
+def verify_kernels() -> defaultdict[int, list[tuple[float, float]]]:
+    """Per verify forward outside prefill, by tree size: (s in the target's block-kernel projections, s in its path
+    attention) -- what a verify row costs beyond a plain token, split.
+    """
+    import eyas.models.native as native
+
+    current, proj, attn = [0], [], []
+    out: defaultdict[int, list[tuple[float, float]]] = defaultdict(list)
+    wrap(GGUFBlocks, "linear", proj, when=lambda: current[0] > 0)
+    wrap(native, "fused_path_attend", attn, when=lambda: current[0] > 0)
+    outer = SpecDecoder.verify_forward
+
+    def verify_forward(self, seq, tree):
+        current[0], p0, a0 = tree.num_nodes, len(proj), len(attn)
+        try:
+            return outer(self, seq, tree)
+        finally:
+            current[0] = 0
+            if not IN_PREFILL[0]:
+                out[tree.num_nodes].append((sum(proj[p0:]), sum(attn[a0:])))
+
+    SpecDecoder.verify_forward = verify_forward
+    return out
 
 
 def head_kernel(sink: list[float]) -> None:

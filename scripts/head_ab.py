@@ -1,0 +1,72 @@
+"""Draft heads compared in one process, question by question, with the same tree (and plain decoding beside them).
+
+Each head is loaded as the default drafter's head (the hybrid tree: head plus prompt lookup) on one shared target
+process; every question is decoded by each head in a rotating order, then plainly, so a host that slows down during
+the run slows every arm alike. Prints decode tok/s (prefill excluded), tau (pooled), ms a step and each head's
+speed relative to the first. Use the shipped head first; a head whose function equals it (e.g. one widened by
+`eyas train --widen-mlp` before training) measures pure drafting cost. Tuning questions only, never evaluation sets.
+
+python scripts/tune_questions.py --out /tmp/tune.jsonl
+python scripts/head_ab.py --questions /tmp/tune.jsonl --limit 16 eyas/heads/smollm2-135m-instruct-eagle3 /tmp/other
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+
+
+@dataclass
+class Arm:
+    name: str
+    seconds: float = 0.0
+    tokens: int = 0
+    steps: int = 0
+    accepted: int = 0
+
+    def add(self, r) -> None:
+        self.seconds += r.seconds - r.prefill_seconds
+        self.tokens += r.new_tokens - 1  # the first token comes from prefill
+        self.steps += r.steps
+        self.accepted += r.accepted
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / max(self.seconds, 1e-9)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("heads", nargs="+", help="head directories; the first is the reference")
+    ap.add_argument("--questions", required=True)
+    ap.add_argument("--limit", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--tree", default=None, help="default: the tree eyas sizes for the first head")
+    ap.add_argument("--dtype", default="bfloat16")
+    a = ap.parse_args()
+    import eyas
+
+    qs = [json.loads(line)["turns"][0] for line in open(a.questions)][: a.limit]
+    first = eyas.load(dtype=a.dtype, drafter="hybrid", head=a.heads[0], tree=a.tree)
+    tree = first.drafter_spec.tree
+    specs = [first] + [eyas.load(dtype=a.dtype, drafter="hybrid", head=h, tree=tree) for h in a.heads[1:]]
+    print(f"tree {tree}")
+    for s in specs:  # warm-up: kernels built, caches sized
+        s.generate(qs[0], max_new_tokens=16)
+    first.generate(qs[0], max_new_tokens=16, speculate=False)
+    arms = [Arm(h) for h in a.heads]
+    plain = Arm("plain")
+    for i, q in enumerate(qs):
+        for j in range(len(specs)):
+            k = (i + j) % len(specs)
+            arms[k].add(specs[k].generate(q, max_new_tokens=a.max_new_tokens))
+        plain.add(first.generate(q, max_new_tokens=a.max_new_tokens, speculate=False))
+    for arm in [*arms, plain]:
+        tau, ms = 1 + arm.accepted / max(arm.steps, 1), 1e3 * arm.seconds / max(arm.steps, 1)
+        print(f"{arm.name:48s} decode {arm.tok_s:6.1f} tok/s  tau {tau:.3f}  {ms:6.2f} ms a step  "
+              f"x{arm.tok_s / arms[0].tok_s:.3f} of the first head")
+
+
+if __name__ == "__main__":
+    main()
