@@ -65,7 +65,9 @@ class SpeedReport:
         out = {
             "questions": len(q), "new_tokens": tokens,
             "plain_tokens_per_second": tokens / plain_s, "spec_tokens_per_second": tokens / spec_s,
-            "speedup": plain_s / spec_s,
+            "speedup": plain_s / spec_s,  # total plain time / total speculative time (conservative)
+            # Spec-Bench's speedup: the questions' mean speculative tok/s over their mean plain tok/s
+            "speedup_mean_tps": sum(r.spec_tps for r in q) / sum(r.plain_tps for r in q),
             # tau as Spec-Bench (evaluation/speed.py) and EAGLE report it: accepted length averaged over every step of
             # every question (pooled, below, when step counts are known); the mean of the questions' own tau weighs
             # a short easy answer like a long hard one, and reads higher (MT-bench, 2026-11-27: 2.64 against 2.37)

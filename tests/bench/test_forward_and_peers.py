@@ -78,6 +78,7 @@ def test_summary_reports_the_decode_only_speedup_beside_the_end_to_end_one():
     s = SpeedReport(settings={}, questions=rows).summary()
     assert s["decode_speedup"] == pytest.approx((10 / 50 + 20 / 40) / (10 / 100 + 20 / 50))
     assert s["speedup"] == pytest.approx((11 / 40 + 21 / 35) / (11 / 60 + 21 / 40))
+    assert s["speedup_mean_tps"] == pytest.approx((60 + 40) / (40 + 35))  # Spec-Bench's: faster answers weigh more
     assert "mean_accepted_pooled" not in s  # no step counts (older JSON): no pooled tau, the questions' mean
     assert s["mean_accepted"] == s["mean_accepted_per_question"] == pytest.approx(1.75)
     rows[0].steps, rows[1].steps = 5, 12  # 5 accepted over 5 steps, 6 over 12
