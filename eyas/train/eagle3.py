@@ -77,7 +77,6 @@ class TTTAttention:
 
 
 @torch.no_grad()
-@torch.no_grad()
 def widen_mlp(head: Eagle3Head, units: int, seed: int = 0) -> Eagle3Head:
     """The head with ``units`` MLP units instead of I, computing the same function (net2net-style growth).
 
@@ -107,6 +106,7 @@ def widen_mlp(head: Eagle3Head, units: int, seed: int = 0) -> Eagle3Head:
     return head.train(head.training).requires_grad_(any(p.requires_grad for p in head.fc.parameters()))
 
 
+@torch.no_grad()
 def fit_tap_scale(taps: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """taps: [N, L, H] sample of tap features -> [L * H] scale 1 / rms per feature.
 
