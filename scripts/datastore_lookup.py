@@ -32,6 +32,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from acceptance_profile import ranks_along  # noqa: E402
+from head_ab import Arm  # noqa: E402
+
 NS = (8, 6, 4, 3, 2)
 MUL, MASK = 1000003, (1 << 64) - 1
 DATA = "data/selfdistill/smollm2-135m-instruct-"
@@ -107,8 +111,6 @@ def accepted(chain: list[int], truth: list[int]) -> int:
 
 
 def offline(a, spec, store: Datastore, qs: list[str]) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from acceptance_profile import ranks_along
 
     from eyas.drafters.ngram import NgramConfig, find_continuations
     from eyas.formats.eagle3 import load_eagle3
@@ -186,21 +188,15 @@ def ab(a, spec, store: Datastore, qs: list[str]) -> None:
     hybrid.merge_candidates, hybrid.HybridDrafter.propose = graft, tracked
     spec.generate(qs[0], max_new_tokens=16)
     spec.generate(qs[0], max_new_tokens=16, speculate=False)
-    tot = {k: [0.0, 0, 0, 0] for k in ("off", "on", "plain")}
+    arms = {k: Arm(k) for k in ("off", "on", "plain")}
     for i, q in enumerate(qs):
         for name in (("off", "on") if i % 2 == 0 else ("on", "off")) + ("plain",):
             state["on"] = name == "on"
-            r = spec.generate(q, max_new_tokens=a.max_new_tokens, speculate=name != "plain")
-            t = tot[name]
-            t[0] += r.seconds - r.prefill_seconds
-            t[1] += r.new_tokens - 1
-            t[2] += r.steps
-            t[3] += r.accepted
-    rate = {k: v[1] / v[0] for k, v in tot.items()}
-    for k, (_, _, steps, acc) in tot.items():
-        print(f"{k:6s} decode {rate[k]:6.1f} tok/s  tau {1 + acc / max(steps, 1):.3f}")
-    print(f"on / off {rate['on'] / rate['off']:.3f}; lookup {1e3 * state['lookup_s'] / max(state['calls'], 1):.3f} "
-          "ms a step")
+            arms[name].add(spec.generate(q, max_new_tokens=a.max_new_tokens, speculate=name != "plain"))
+    for arm in arms.values():
+        print(f"{arm.name:6s} decode {arm.tok_s:6.1f} tok/s  tau {arm.tau:.3f}")
+    print(f"on / off {arms['on'].tok_s / arms['off'].tok_s:.3f}; lookup "
+          f"{1e3 * state['lookup_s'] / max(state['calls'], 1):.3f} ms a step")
 
 
 def main() -> None:

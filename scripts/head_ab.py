@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 @dataclass
 class Arm:
+    """One side of an A/B: decode seconds and tokens (prefill left out), steps and accepted drafts, summed."""
+
     name: str
     seconds: float = 0.0
     tokens: int = 0
@@ -34,6 +36,14 @@ class Arm:
     @property
     def tok_s(self) -> float:
         return self.tokens / max(self.seconds, 1e-9)
+
+    @property
+    def tau(self) -> float:
+        return 1 + self.accepted / max(self.steps, 1)
+
+    @property
+    def ms_a_step(self) -> float:
+        return 1e3 * self.seconds / max(self.steps, 1)
 
 
 def main() -> None:
@@ -63,8 +73,7 @@ def main() -> None:
             arms[k].add(specs[k].generate(q, max_new_tokens=a.max_new_tokens))
         plain.add(first.generate(q, max_new_tokens=a.max_new_tokens, speculate=False))
     for arm in [*arms, plain]:
-        tau, ms = 1 + arm.accepted / max(arm.steps, 1), 1e3 * arm.seconds / max(arm.steps, 1)
-        print(f"{arm.name:48s} decode {arm.tok_s:6.1f} tok/s  tau {tau:.3f}  {ms:6.2f} ms a step  "
+        print(f"{arm.name:48s} decode {arm.tok_s:6.1f} tok/s  tau {arm.tau:.3f}  {arm.ms_a_step:6.2f} ms a step  "
               f"x{arm.tok_s / arms[0].tok_s:.3f} of the first head")
 
 

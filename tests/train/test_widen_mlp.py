@@ -8,19 +8,17 @@ import pytest
 import torch
 
 from eyas.cli import main
-from eyas.drafters.eagle3 import Eagle3Config, Eagle3Head
+from eyas.drafters.eagle3 import Eagle3Head
 from eyas.formats.eagle3 import load_eagle3, save_eagle3
 from eyas.models.config import ModelConfig
 from eyas.train.eagle3 import widen_mlp
 from tests.conftest import tiny_native
+from tests.formats.test_eagle3_format import make_head
 
 
-def _head(seed: int = 0) -> tuple[Eagle3Head, ModelConfig]:
+def _head() -> tuple[Eagle3Head, ModelConfig]:
     cfg = tiny_native("llama").config
-    torch.manual_seed(seed)
-    head = Eagle3Head(Eagle3Config.for_target(cfg, 128, (0, 1, 2)))
-    head.set_draft_vocab(torch.randperm(cfg.vocab_size, generator=torch.Generator().manual_seed(seed))[:128])
-    return head.eval(), cfg
+    return make_head(cfg), cfg
 
 
 def _mlp_block(head: Eagle3Head, x: torch.Tensor, hid: torch.Tensor) -> torch.Tensor:
