@@ -51,6 +51,37 @@ def ranks_along(target, head, ids: torch.Tensor, depths: int) -> torch.Tensor:
     return torch.stack(rows)
 
 
+def path_reach(ranks: torch.Tensor, first: int, max_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which depths a tree of max_rank children a level reaches along one text, at every answer position.
+
+    ranks [D, T] from ranks_along; first = the prompt's length - 1 (the head at position t drafts x[t + 2 ...], the
+    root x[t + 1] being the target's). Returns (reached [D, P], kept [D, P]) for P = T - 2 - first positions:
+    depth k is reached while it lies inside the text and every depth above it was drafted (rank < max_rank; deeper
+    depths are not conditioned on a drafted path otherwise), and kept where its own rank is < max_rank too.
+    """
+    d, t = ranks.shape
+    pos = torch.arange(first, t - 2)  # [P]
+    r = ranks[:, first : t - 2]  # [D, P]
+    inside = torch.arange(d)[:, None] < (t - 2 - pos)[None]  # depth k exists: x[t + 2 + k] is in the text
+    kept = inside & (r >= 0) & (r < max_rank)
+    above = torch.cat([torch.ones_like(kept[:1]), kept[:-1]]).cumprod(0).bool()  # every depth above was kept
+    reached = inside & above
+    return reached, kept & reached
+
+
+def depth_counts(ranks: torch.Tensor, first: int, max_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(seen [D], hits [D, max_rank]) along one text: hits[k, r] counts depth k reached, the true token at rank r."""
+    reached, kept = path_reach(ranks, first, max_rank)
+    r = ranks[:, first : ranks.shape[1] - 2].clamp(0, max_rank - 1)
+    hits = torch.zeros(ranks.shape[0], max_rank).scatter_add_(1, r, kept.float())
+    return reached.sum(1).float(), hits
+
+
+def top1_chains(ranks: torch.Tensor, first: int) -> torch.Tensor:
+    """[P] the head's accepted top-1 chain at every answer position (leading depths where its top-1 was the truth)."""
+    return path_reach(ranks, first, 1)[1].sum(0)
+
+
 def replay_trees(target, head_dir: Path, texts, top_ks, depth: int, max_total: int) -> dict:
     """τ of every (top_k, depth, total) tree: the real drafter replayed over the texts (eyas.tree_replay)."""
     from tqdm import tqdm
@@ -97,15 +128,8 @@ def main() -> None:
         answer = spec.generate(q, max_new_tokens=a.max_new_tokens, speculate=False).token_ids
         ids = torch.cat([prompt, torch.tensor(answer, dtype=torch.long)])
         texts.append((ids, prompt.shape[0]))
-        ranks = ranks_along(target, head, ids, a.depths)  # [depths, T]
-        n = ids.shape[0]
-        for t in range(prompt.shape[0] - 1, n - 2):  # the head at t drafts x[t + 2 ...] (x[t + 1] = the root)
-            for k in range(min(a.depths, n - 2 - t)):
-                seen[k] += 1
-                r = int(ranks[k, t])
-                if not 0 <= r < a.ranks:
-                    break  # off the tree: deeper depths are not conditioned on a drafted path
-                hits[k, r] += 1
+        n_seen, n_hits = depth_counts(ranks_along(target, head, ids, a.depths), prompt.shape[0] - 1, a.ranks)
+        seen, hits = seen + n_seen, hits + n_hits
     profile = (hits / seen.clamp(min=1)[:, None]).tolist()
     tree_tau = replay_trees(target, Path(a.head), texts, tuple(int(k) for k in a.top_ks.split(",")), a.depths,
                             a.max_total)

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from acceptance_profile import ranks_along  # noqa: E402
+from acceptance_profile import ranks_along, top1_chains  # noqa: E402
 from head_ab import Arm  # noqa: E402
 
 NS = (8, 6, 4, 3, 2)
@@ -122,12 +122,10 @@ def offline(a, spec, store: Datastore, qs: list[str]) -> None:
         prompt = spec.encode(q)
         answer = spec.generate(q, max_new_tokens=a.max_new_tokens, speculate=False).token_ids
         ids = torch.cat([prompt, torch.tensor(answer, dtype=torch.long)])
-        ranks, x = ranks_along(target, head, ids, a.depth), ids.tolist()
-        for t in range(prompt.shape[0] - 1, len(x) - 2):  # the root is x[t + 1]; drafts are x[t + 2 ...]
-            truth, ctx = x[t + 2 : t + 2 + a.depth], x[: t + 2]
-            h = 0
-            while h < min(a.depth, len(x) - 2 - t) and int(ranks[h, t]) == 0:
-                h += 1
+        first, x = prompt.shape[0] - 1, ids.tolist()
+        chains = top1_chains(ranks_along(target, head, ids, a.depth), first).tolist()  # [positions]
+        for t in range(first, len(x) - 2):  # the root is x[t + 1]; drafts are x[t + 2 ...]
+            truth, ctx, h = x[t + 2 : t + 2 + a.depth], x[: t + 2], chains[t - first]
             conts = find_continuations(torch.tensor(ctx), NgramConfig(max_ngram=3, min_ngram=1, num_draft=a.depth))
             look = accepted(conts[0].tolist(), truth) if conts else 0
             chain, _, n = store.chain(ctx, a.min_n)

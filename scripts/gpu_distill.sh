@@ -20,14 +20,16 @@
 # call's 600 s limit before its export: hence --wall-budget, and data before training, not beside it. Fifth draw (an
 # H200, 2026-11-27, DATA_S=60): call 1 154 s held; call 2 532 s: data 60 s -> 179 k tokens (the generator ramps up
 # over its first minute, 3-5 k tok/s), training loaded in 90 s (74.7 s tokenizing on one core, since fixed) and ran
-# 3,972 steps, 41 M tokens at 124 k tok/s.
+# 3,972 steps, 41 M tokens at 124 k tok/s. Sixth draw (an H200, 2026-11-27, WIDEN=2304): call 1 138 s held;
+# call 2 533 s: loading 41 s (tokenizing 21.9 s), 5,631 steps, 57.7 M tokens at 133 k tok/s.
 # Environment: DATA_S (default 0, no data phase: a short one is mostly ramp, docs/heads.md; 120 s gave ~1 M
 # tokens), END_S (560: call 2 with timeout_s 600), BATCH (1024 rows of `eyas data`), TRAIN_TOKENS (16384), LR (4e-4),
-# SEED (9: GPU draws used 1, 2, 7, 4 and 8, CPU files 3, 5, 6, 10 and 11; a seed used before redraws its requests
-# first, which the dedupe then drops). TRAIN_S, which the first two draws set, is gone: END_S bounds the training.
-# WIDEN (unset): `eyas train --widen-mlp WIDEN`, the head's MLP widened from 1,536 units before training (the same
-# function at step 0; set it for both calls, call 1's smoke test uses it too; the head's config.json then comes from
-# meta.tar.gz, not from the shipped head).
+# SEED (9: GPU draws used 1, 2, 7, 4 and 8, CPU files 3, 5, 6, 10, 11 and 12, the held-out file 13; a seed used before
+# redraws its requests first, which the dedupe then drops). TRAIN_S, which the first two draws set, is gone: END_S
+# bounds the training.
+# WIDEN (unset): `eyas train --widen-mlp WIDEN`, the head's MLP widened before training (2,304 units since the sixth
+# draw; the same width is a no-op), the same function at step 0; set it for both calls, call 1's smoke test uses it
+# too; the head's config.json then comes from meta.tar.gz, not from the shipped head.
 # The shipped head (the start of training) is stashed by call 1 too, so call 2's tree can leave it out.
 set -u -o pipefail
 STASH=${STASH:-/root/eyas-stash}

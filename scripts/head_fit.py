@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from acceptance_profile import ranks_along  # noqa: E402
+from acceptance_profile import depth_counts, ranks_along  # noqa: E402
 
 
 def conversations(spec_path: str, min_tokens: int):
@@ -72,14 +72,8 @@ def main() -> None:
             if len(ans) < a.min_tokens:
                 continue
             ids = torch.cat([prompt, torch.tensor(ans, dtype=torch.long)])
-            ranks = ranks_along(target, head, ids, a.depths)  # [depths, T]
-            n = ids.shape[0]
-            for t in range(prompt.shape[0] - 1, n - 2):  # the head at t drafts x[t + 2 ...]
-                for k in range(min(a.depths, n - 2 - t)):
-                    seen[k] += 1
-                    if int(ranks[k, t]) != 0:
-                        break
-                    hits[k] += 1
+            n_seen, n_hits = depth_counts(ranks_along(target, head, ids, a.depths), prompt.shape[0] - 1, 1)
+            seen, hits = seen + n_seen, hits + n_hits[:, 0]
             convs += 1
         rates = " / ".join(f"{float(h / max(s, 1)):.3f}" for h, s in zip(hits, seen, strict=True))
         print(f"{data}: {convs} conversations, {int(seen[0])} positions, top-1 at depth 1..{a.depths}: {rates}",
