@@ -111,7 +111,6 @@ def accepted(chain: list[int], truth: list[int]) -> int:
 
 
 def offline(a, spec, store: Datastore, qs: list[str]) -> None:
-
     from eyas.drafters.ngram import NgramConfig, find_continuations
     from eyas.formats.eagle3 import load_eagle3
 
