@@ -33,6 +33,9 @@ def add_train_parser(sub) -> None:
     p.add_argument("--align-topk", type=int, default=d.align_topk,
                    help="eagle3: GRIFFIN-style token alignment: a TTT step counts only where every earlier step "
                         "had the target's token in its top-K drafts (0 = off)")
+    p.add_argument("--label-temperature", type=float, default=d.label_temperature,
+                   help="eagle3: temperature of the target's label distribution (1 = soft labels as EAGLE trains; "
+                        "below 1 sharper; 0 = one-hot on the target's top token, what greedy verification accepts)")
     p.add_argument("--draft-vocab", type=int, default=d.draft_vocab,
                    help="eagle3: draft vocabulary size (most frequent target tokens); 0 = full")
     p.add_argument("--medusa-heads", type=int, default=d.medusa_heads)
@@ -82,7 +85,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         data=a.data, out_dir=a.out, kind=a.kind, model=a.model, target_dtype=a.target_dtype,
         mixed_precision=a.mixed_precision, max_len=a.max_len, batch_tokens=a.batch_tokens, epochs=a.epochs,
         max_steps=a.max_steps, lr=a.lr, warmup_steps=a.warmup_steps, ttt_steps=a.ttt_steps,
-        draft_vocab=a.draft_vocab, align_topk=a.align_topk, medusa_heads=a.medusa_heads, save_every=a.save_every,
+        draft_vocab=a.draft_vocab, align_topk=a.align_topk, label_temperature=a.label_temperature, medusa_heads=a.medusa_heads, save_every=a.save_every,
         eval_every=a.eval_every, holdout=a.holdout, eval_tokens=a.eval_tokens, eval_tree=a.eval_tree,
         feature_cache=a.feature_cache, seed=a.seed, init_head=a.init_head, widen_mlp=a.widen_mlp,
         time_budget=a.time_budget,

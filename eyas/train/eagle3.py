@@ -8,8 +8,10 @@ position t + k) sees the step-0 keys of positions <= t (the committed prefix)
 plus its own ancestors, the step-1..k keys at position t (the tree path).
 
 Loss per step: cross-entropy against the target's next-token distribution
-restricted to the draft vocabulary, on positions whose label is an assistant
-token the draft vocabulary contains, weighted ``decay ** k``.
+restricted to the draft vocabulary (optionally sharpened by a temperature, down
+to its argmax: greedy acceptance asks only for the target's top token), on
+positions whose label is an assistant token the draft vocabulary contains,
+weighted ``decay ** k``.
 """
 
 from __future__ import annotations
@@ -34,10 +36,26 @@ class Eagle3LossConfig:
     # tree of that top-k could have reached the step; later steps elsewhere teach paths never drafted.
     # 0 = off (every learnable position counts, EAGLE-3's recipe)
     align_topk: int = 0
+    # temperature of the target's label distribution: 1 = the distribution itself (EAGLE's soft labels),
+    # below 1 sharper, 0 = a one-hot label on its argmax (the token greedy verification accepts)
+    label_temperature: float = 1.0
 
     def __post_init__(self) -> None:
         if self.ttt_steps < 1 or self.align_topk < 0:
             raise ValueError(f"ttt_steps must be >= 1 and align_topk >= 0, got {self.ttt_steps}, {self.align_topk}")
+        if not 0.0 <= self.label_temperature <= 10.0:
+            raise ValueError(f"label_temperature must be in [0, 10], got {self.label_temperature}")
+
+
+def label_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits: [..., Vd] the target's, over the draft vocabulary -> label distribution [..., Vd] fp32.
+
+    temperature 0: one-hot on the argmax; otherwise softmax(logits / temperature).
+    """
+    logits = logits.float()
+    if temperature == 0.0:
+        return F.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    return torch.softmax(logits / temperature, dim=-1)
 
 
 def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
@@ -148,7 +166,7 @@ class Eagle3Objective:
         """-> target probs over the draft vocab [B, T, Vd] (fp32), and [B, T] bool 'label in draft vocab'."""
         with torch.no_grad():
             logits = batch.hidden.to(self.label_rows.dtype) @ self.label_rows.T
-            p = torch.softmax(logits.float(), dim=-1)
+            p = label_probs(logits, self.cfg.label_temperature)
             in_vocab = self.module.t2d[batch.target_tokens]
         return p, in_vocab
 
@@ -167,7 +185,7 @@ class Eagle3Objective:
         with torch.no_grad():
             emb = self.target.embed(batch.input_ids).to(dt)  # [B, T, H]
             # [Nv, Vd] fp32: the target's distribution at the learnable positions, in row-major order
-            p = torch.softmax((batch.hidden[valid].to(self.label_rows.dtype) @ self.label_rows.T).float(), dim=-1)
+            p = label_probs(batch.hidden[valid].to(self.label_rows.dtype) @ self.label_rows.T, cfg.label_temperature)
             row = torch.full(valid.shape, -1, dtype=torch.long, device=valid.device)  # [B, T] -> row of p
             row[valid] = torch.arange(p.shape[0], device=valid.device)
         b, t = batch.input_ids.shape

@@ -50,6 +50,7 @@ class TrainConfig:
     ttt_steps: int = 7  # eagle3
     decay: float = 0.8  # eagle3 step weights decay ** k
     align_topk: int = 0  # eagle3: GRIFFIN-style masking of steps a top-k tree cannot reach (0 = off)
+    label_temperature: float = 1.0  # eagle3: the target's label distribution sharpened (0 = its argmax)
     draft_vocab: int = 8192  # eagle3; 0 = full target vocabulary
     medusa_heads: int = 4
     save_every: int = 100

@@ -33,7 +33,8 @@ def build_objective(cfg, target, train_ex: list[Example]):
         if cfg.init_head:
             with torch.no_grad():  # training multiplies fc's input by the scale: the same function as exported
                 head.fc.weight.div_(scale.to(head.fc.weight)[None, :])
-        loss_cfg = Eagle3LossConfig(cfg.ttt_steps, cfg.decay, align_topk=cfg.align_topk)
+        loss_cfg = Eagle3LossConfig(cfg.ttt_steps, cfg.decay, align_topk=cfg.align_topk,
+                                    label_temperature=cfg.label_temperature)
         obj = Eagle3Objective(head.float(), target, loss_cfg, tap_scale=scale)
         obj.taps = head.cfg.aux_layers
         return obj

@@ -154,3 +154,33 @@ def test_griffin_alignment_masks_steps_an_earlier_miss_cannot_reach(tiny, topk):
     assert kept[1] > 0  # ... not everything
     assert torch.allclose(loss, ref, rtol=1e-5, atol=1e-5)
     assert abs(stats["loss0"] - plain_stats["loss0"]) < 1e-6 and stats["loss2"] != plain_stats["loss2"]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.5])
+def test_label_temperature_sharpens_the_target_distribution(tiny, temperature):
+    """label_temperature T: labels softmax(target logits / T) over the draft vocabulary; T = 0 a one-hot label
+    on their argmax, so step 0's loss is the head's cross-entropy on the target's top token."""
+    target = tiny.native("llama", seed=0)
+    head = random_eagle3_head(target.config, draft_vocab_size=96, seed=2)
+    batch = _batch(target, head, n=18, b=2)
+    soft, _ = Eagle3Objective(head, target, Eagle3LossConfig(ttt_steps=2)).labels(batch)
+    obj = Eagle3Objective(head, target, Eagle3LossConfig(ttt_steps=2, label_temperature=temperature))
+    p, in_vocab = obj.labels(batch)
+    if temperature == 0.0:
+        assert torch.equal(p.sum(-1), torch.ones(p.shape[:-1])) and torch.equal(p.max(-1).values, torch.ones(p.shape[:-1]))
+    else:  # sharper: the top label's probability grows, the distribution's argmax stays
+        assert bool((p.max(-1).values > soft.max(-1).values).all())
+    assert torch.equal(p.argmax(-1), soft.argmax(-1))
+    loss, stats = obj.loss(batch)
+    valid = batch.loss_mask & in_vocab
+    logp = torch.log_softmax(head.logits(_ttt_outputs(head, target, batch, 1)[0]).float(), dim=-1)
+    m = shift_left(valid, 1, False)
+    ref = (-(shift_left(p, 1) * logp).sum(-1) * m).sum() / m.sum()
+    assert abs(stats["loss0"] - float(ref)) < 1e-4
+    _, soft_stats = Eagle3Objective(head, target, Eagle3LossConfig(ttt_steps=2)).loss(batch)
+    assert abs(stats["loss0"] - soft_stats["loss0"]) > 1e-3  # the labels changed the loss
+
+
+def test_label_temperature_out_of_range_is_an_error():
+    with pytest.raises(ValueError, match="label_temperature"):
+        Eagle3LossConfig(label_temperature=-1.0)
