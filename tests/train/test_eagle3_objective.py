@@ -167,7 +167,8 @@ def test_label_temperature_sharpens_the_target_distribution(tiny, temperature):
     obj = Eagle3Objective(head, target, Eagle3LossConfig(ttt_steps=2, label_temperature=temperature))
     p, in_vocab = obj.labels(batch)
     if temperature == 0.0:
-        assert torch.equal(p.sum(-1), torch.ones(p.shape[:-1])) and torch.equal(p.max(-1).values, torch.ones(p.shape[:-1]))
+        ones = torch.ones(p.shape[:-1])
+        assert torch.equal(p.sum(-1), ones) and torch.equal(p.max(-1).values, ones)
     else:  # sharper: the top label's probability grows, the distribution's argmax stays
         assert bool((p.max(-1).values > soft.max(-1).values).all())
     assert torch.equal(p.argmax(-1), soft.argmax(-1))
@@ -184,3 +185,19 @@ def test_label_temperature_sharpens_the_target_distribution(tiny, temperature):
 def test_label_temperature_out_of_range_is_an_error():
     with pytest.raises(ValueError, match="label_temperature"):
         Eagle3LossConfig(label_temperature=-1.0)
+
+
+def test_cli_passes_label_temperature_and_recipe_levers_to_the_run(monkeypatch):
+    """`eyas train --label-temperature T --align-topk K` reaches the run's config (the loss reads it there)."""
+    import eyas.train.command as command
+    from eyas.cli import build_parser
+
+    seen = []
+    monkeypatch.setattr(command, "train", seen.append)
+    a = build_parser().parse_args(["train", "--data", "d.jsonl", "--out", "o", "--label-temperature", "0.5",
+                                   "--align-topk", "4"])
+    assert a.func(a) == 0
+    assert seen[0].label_temperature == 0.5 and seen[0].align_topk == 4
+    a = build_parser().parse_args(["train", "--data", "d.jsonl", "--out", "o"])
+    a.func(a)
+    assert seen[1].label_temperature == 1.0  # EAGLE's soft labels unless asked
