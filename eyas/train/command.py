@@ -79,6 +79,9 @@ def cmd_train(a: argparse.Namespace) -> int:
         raise ValueError(f"--init-head continues an EAGLE-3 head; --kind is {a.kind}")
     if a.widen_mlp is not None and a.init_head is None:
         raise ValueError("--widen-mlp widens the head given by --init-head; pass --init-head HEAD_DIR")
+    if not 0.0 <= a.label_temperature <= 10.0:
+        raise ValueError(f"--label-temperature must be in [0, 10] (1 = soft labels, 0 = one-hot), "
+                         f"got {a.label_temperature}")
     if a.batch_tokens < a.max_len:
         raise ValueError(f"--batch-tokens ({a.batch_tokens}) must be >= --max-len ({a.max_len})")
     cfg = TrainConfig(

@@ -201,3 +201,7 @@ def test_cli_passes_label_temperature_and_recipe_levers_to_the_run(monkeypatch):
     a = build_parser().parse_args(["train", "--data", "d.jsonl", "--out", "o"])
     a.func(a)
     assert seen[1].label_temperature == 1.0  # EAGLE's soft labels unless asked
+    a = build_parser().parse_args(["train", "--data", "d.jsonl", "--out", "o", "--label-temperature", "-0.5"])
+    with pytest.raises(ValueError, match="--label-temperature"):  # before the target loads
+        a.func(a)
+    assert len(seen) == 2
