@@ -36,6 +36,9 @@ def add_train_parser(sub) -> None:
     p.add_argument("--label-temperature", type=float, default=d.label_temperature,
                    help="eagle3: temperature of the target's label distribution (1 = soft labels as EAGLE trains; "
                         "below 1 sharper; 0 = one-hot on the target's top token, what greedy verification accepts)")
+    p.add_argument("--miss-weight", type=float, default=d.miss_weight,
+                   help="eagle3: a position where the head's top-1 misses the target's token (a draft verification "
+                        "would reject) weighs 1 + this in the loss (0 = off; in-batch replay of rejections)")
     p.add_argument("--draft-vocab", type=int, default=d.draft_vocab,
                    help="eagle3: draft vocabulary size (most frequent target tokens); 0 = full")
     p.add_argument("--medusa-heads", type=int, default=d.medusa_heads)
@@ -82,6 +85,8 @@ def cmd_train(a: argparse.Namespace) -> int:
     if not 0.0 <= a.label_temperature <= 10.0:
         raise ValueError(f"--label-temperature must be in [0, 10] (1 = soft labels, 0 = one-hot), "
                          f"got {a.label_temperature}")
+    if a.miss_weight < 0:
+        raise ValueError(f"--miss-weight must be >= 0 (0 = every position alike), got {a.miss_weight}")
     if a.batch_tokens < a.max_len:
         raise ValueError(f"--batch-tokens ({a.batch_tokens}) must be >= --max-len ({a.max_len})")
     cfg = TrainConfig(
@@ -89,7 +94,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         mixed_precision=a.mixed_precision, max_len=a.max_len, batch_tokens=a.batch_tokens, epochs=a.epochs,
         max_steps=a.max_steps, lr=a.lr, warmup_steps=a.warmup_steps, ttt_steps=a.ttt_steps,
         draft_vocab=a.draft_vocab, align_topk=a.align_topk, label_temperature=a.label_temperature,
-        medusa_heads=a.medusa_heads, save_every=a.save_every,
+        miss_weight=a.miss_weight, medusa_heads=a.medusa_heads, save_every=a.save_every,
         eval_every=a.eval_every, holdout=a.holdout, eval_tokens=a.eval_tokens, eval_tree=a.eval_tree,
         feature_cache=a.feature_cache, seed=a.seed, init_head=a.init_head, widen_mlp=a.widen_mlp,
         time_budget=a.time_budget,

@@ -39,12 +39,17 @@ class Eagle3LossConfig:
     # temperature of the target's label distribution: 1 = the distribution itself (EAGLE's soft labels),
     # below 1 sharper, 0 = a one-hot label on its argmax (the token greedy verification accepts)
     label_temperature: float = 1.0
+    # in-batch replay of rejections (after Draft-OPD's on-policy replay of rejected positions): a position
+    # where the head's top-1 misses the target's token weighs 1 + miss_weight in its step's mean (0 = off)
+    miss_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if self.ttt_steps < 1 or self.align_topk < 0:
             raise ValueError(f"ttt_steps must be >= 1 and align_topk >= 0, got {self.ttt_steps}, {self.align_topk}")
         if not 0.0 <= self.label_temperature <= 10.0:
             raise ValueError(f"label_temperature must be in [0, 10], got {self.label_temperature}")
+        if self.miss_weight < 0:
+            raise ValueError(f"miss_weight must be >= 0, got {self.miss_weight}")
 
 
 def label_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -205,15 +210,16 @@ class Eagle3Objective:
             n = m.sum().clamp(min=1)
             logp = F.log_softmax(head.logits(hid[m]).float(), dim=-1)  # [N_k, Vd]
             ce = -(p[shift_left(row, 1 + k, -1)[m]] * logp).sum(-1)  # [N_k]
-            step_loss = ce.sum() / n
-            total = total + cfg.decay**k * step_loss
             with torch.no_grad():
                 label = shift_left(batch.target_tokens, 1 + k)[m]  # [N_k]
-                hit = draft_tokens[logp.argmax(-1)] == label
+                hit = draft_tokens[logp.argmax(-1)] == label  # [N_k] the head's top-1 would be accepted
+                w = 1.0 + cfg.miss_weight * (~hit).float()  # [N_k] misses (rejected drafts) weigh more
                 stats[f"acc{k}"] = float(hit.sum() / n)
-                stats[f"loss{k}"] = float(step_loss.detach())
+                stats[f"loss{k}"] = float(ce.detach().sum() / n)
                 if cfg.align_topk:
                     reach = _in_top_k(m, logp, draft_tokens, label, cfg.align_topk)
+            step_loss = (w * ce).sum() / w.sum().clamp(min=1)
+            total = total + cfg.decay**k * step_loss
         stats["loss"] = float(total.detach())
         return total, stats
 

@@ -51,6 +51,7 @@ class TrainConfig:
     decay: float = 0.8  # eagle3 step weights decay ** k
     align_topk: int = 0  # eagle3: GRIFFIN-style masking of steps a top-k tree cannot reach (0 = off)
     label_temperature: float = 1.0  # eagle3: the target's label distribution sharpened (0 = its argmax)
+    miss_weight: float = 0.0  # eagle3: extra weight of positions where the head's top-1 misses (0 = off)
     draft_vocab: int = 8192  # eagle3; 0 = full target vocabulary
     medusa_heads: int = 4
     save_every: int = 100

@@ -34,7 +34,7 @@ def build_objective(cfg, target, train_ex: list[Example]):
             with torch.no_grad():  # training multiplies fc's input by the scale: the same function as exported
                 head.fc.weight.div_(scale.to(head.fc.weight)[None, :])
         loss_cfg = Eagle3LossConfig(cfg.ttt_steps, cfg.decay, align_topk=cfg.align_topk,
-                                    label_temperature=cfg.label_temperature)
+                                    label_temperature=cfg.label_temperature, miss_weight=cfg.miss_weight)
         obj = Eagle3Objective(head.float(), target, loss_cfg, tap_scale=scale)
         obj.taps = head.cfg.aux_layers
         return obj

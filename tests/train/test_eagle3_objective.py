@@ -205,3 +205,35 @@ def test_cli_passes_label_temperature_and_recipe_levers_to_the_run(monkeypatch):
     with pytest.raises(ValueError, match="--label-temperature"):  # before the target loads
         a.func(a)
     assert len(seen) == 2
+
+
+def test_miss_weight_weighs_positions_where_the_head_misses(tiny):
+    """miss_weight b: each step's loss is the mean of the cross-entropies weighted 1 + b where the head's top-1
+    misses the target's token, 1 where it hits; the logged per-step loss stays the unweighted mean."""
+    target = tiny.native("llama", seed=0)
+    head = random_eagle3_head(target.config, draft_vocab_size=96, seed=2).requires_grad_(True)
+    batch = _batch(target, head, n=18, b=2)
+    fit = Eagle3Objective(head, target, Eagle3LossConfig(ttt_steps=2))
+    opt = torch.optim.AdamW([q for q in head.parameters() if q.requires_grad], lr=3e-3)
+    for _ in range(12):  # a head that gets some of the batch right: both kinds of position
+        opt.zero_grad()
+        fit.loss(batch)[0].backward()
+        opt.step()
+    _, plain = fit.loss(batch)
+    obj = Eagle3Objective(head, target, Eagle3LossConfig(ttt_steps=2, miss_weight=3.0))
+    loss, stats = obj.loss(batch)
+    p, in_vocab = obj.labels(batch)
+    valid = batch.loss_mask & in_vocab
+    draft, ref, hits = head.draft_ids(), torch.zeros(()), []
+    for k, out in enumerate(_ttt_outputs(head, target, batch, 2)):
+        logp = torch.log_softmax(head.logits(out).float(), dim=-1)  # [B, T, Vd]
+        m = shift_left(valid, 1 + k, False)
+        ce = -(shift_left(p, 1 + k) * logp).sum(-1)  # [B, T]
+        hit = draft[logp.argmax(-1)] == shift_left(batch.target_tokens, 1 + k)
+        w = torch.where(hit, 1.0, 4.0) * m
+        ref = ref + 0.8**k * (w * ce).sum() / w.sum()
+        hits.append(int((hit & m).sum()))
+        assert abs(stats[f"loss{k}"] - plain[f"loss{k}"]) < 1e-6
+    assert 0 < hits[0] < int(valid[:, 1:].sum())  # both kinds of position present
+    assert torch.allclose(loss, ref, rtol=1e-5, atol=1e-6)
+    assert abs(float(loss) - plain["loss"]) > 1e-3  # the weights moved it
