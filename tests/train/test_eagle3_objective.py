@@ -195,12 +195,12 @@ def test_cli_passes_label_temperature_and_recipe_levers_to_the_run(monkeypatch):
     seen = []
     monkeypatch.setattr(command, "train", seen.append)
     a = build_parser().parse_args(["train", "--data", "d.jsonl", "--out", "o", "--label-temperature", "0.5",
-                                   "--align-topk", "4"])
+                                   "--align-topk", "4", "--miss-weight", "1.5"])
     assert a.func(a) == 0
-    assert seen[0].label_temperature == 0.5 and seen[0].align_topk == 4
+    assert seen[0].label_temperature == 0.5 and seen[0].align_topk == 4 and seen[0].miss_weight == 1.5
     a = build_parser().parse_args(["train", "--data", "d.jsonl", "--out", "o"])
     a.func(a)
-    assert seen[1].label_temperature == 1.0  # EAGLE's soft labels unless asked
+    assert seen[1].label_temperature == 1.0 and seen[1].miss_weight == 0.0  # EAGLE's recipe unless asked
     a = build_parser().parse_args(["train", "--data", "d.jsonl", "--out", "o", "--label-temperature", "-0.5"])
     with pytest.raises(ValueError, match="--label-temperature"):  # before the target loads
         a.func(a)
