@@ -82,9 +82,11 @@ def cmd_train(a: argparse.Namespace) -> int:
         raise ValueError(f"--init-head continues an EAGLE-3 head; --kind is {a.kind}")
     if a.widen_mlp is not None and a.init_head is None:
         raise ValueError("--widen-mlp widens the head given by --init-head; pass --init-head HEAD_DIR")
-    if not 0.0 <= a.label_temperature <= 10.0:
-        raise ValueError(f"--label-temperature must be in [0, 10] (1 = soft labels, 0 = one-hot), "
-                         f"got {a.label_temperature}")
+    from eyas.train.eagle3 import LABEL_TEMPERATURE_MAX  # the loss config's bound, checked here before loading
+
+    if not 0.0 <= a.label_temperature <= LABEL_TEMPERATURE_MAX:
+        raise ValueError(f"--label-temperature must be in [0, {LABEL_TEMPERATURE_MAX:g}] (1 = soft labels, "
+                         f"0 = one-hot), got {a.label_temperature}")
     if a.miss_weight < 0:
         raise ValueError(f"--miss-weight must be >= 0 (0 = every position alike), got {a.miss_weight}")
     if a.batch_tokens < a.max_len:

@@ -26,6 +26,8 @@ from eyas.drafters.eagle3 import Eagle3Head, Eagle3Layer
 from eyas.models.native import rope_tables
 from eyas.train.features import FeatureBatch
 
+LABEL_TEMPERATURE_MAX = 10.0  # labels hotter than this are all but uniform over the draft vocabulary
+
 
 @dataclass
 class Eagle3LossConfig:
@@ -46,8 +48,9 @@ class Eagle3LossConfig:
     def __post_init__(self) -> None:
         if self.ttt_steps < 1 or self.align_topk < 0:
             raise ValueError(f"ttt_steps must be >= 1 and align_topk >= 0, got {self.ttt_steps}, {self.align_topk}")
-        if not 0.0 <= self.label_temperature <= 10.0:
-            raise ValueError(f"label_temperature must be in [0, 10], got {self.label_temperature}")
+        if not 0.0 <= self.label_temperature <= LABEL_TEMPERATURE_MAX:
+            raise ValueError(f"label_temperature must be in [0, {LABEL_TEMPERATURE_MAX:g}], "
+                             f"got {self.label_temperature}")
         if self.miss_weight < 0:
             raise ValueError(f"miss_weight must be >= 0, got {self.miss_weight}")
 
