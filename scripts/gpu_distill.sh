@@ -21,10 +21,12 @@
 # H200, 2026-11-27, DATA_S=60): call 1 154 s held; call 2 532 s: data 60 s -> 179 k tokens (the generator ramps up
 # over its first minute, 3-5 k tok/s), training loaded in 90 s (74.7 s tokenizing on one core, since fixed) and ran
 # 3,972 steps, 41 M tokens at 124 k tok/s. Sixth draw (an H200, 2026-11-27, WIDEN=2304): call 1 138 s held;
-# call 2 533 s: loading 41 s (tokenizing 21.9 s), 5,631 steps, 57.7 M tokens at 133 k tok/s.
+# call 2 533 s: loading 41 s (tokenizing 21.9 s), 5,631 steps, 57.7 M tokens at 133 k tok/s. Seventh draw (an H200,
+# 2026-11-27, WIDEN unset): call 1 199 s held (85 s of it the command); call 2 531 s: loading 39 s, 6,096 steps,
+# 62.4 M tokens at 138 k tok/s.
 # Environment: DATA_S (default 0, no data phase: a short one is mostly ramp, docs/heads.md; 120 s gave ~1 M
 # tokens), END_S (560: call 2 with timeout_s 600), BATCH (1024 rows of `eyas data`), TRAIN_TOKENS (16384), LR (4e-4),
-# SEED (9: GPU draws used 1, 2, 7, 4 and 8, CPU files 3, 5, 6, 10, 11, 12, 14 and 15, the held-out file 13; a seed
+# SEED (9: GPU draws used 1, 2, 7, 4 and 8, CPU files 3, 5, 6, 10, 11, 12, 14, 15 and 16, the held-out file 13; a seed
 # used before redraws its requests first, which the dedupe then drops). TRAIN_S, which the first two draws set, is
 # gone: END_S bounds the training.
 # WIDEN (unset): `eyas train --widen-mlp WIDEN`, the head's MLP widened before training (2,304 units since the sixth
@@ -41,10 +43,11 @@ t0=$(date +%s)
 stamp() { echo "[gpu_distill $(( $(date +%s) - t0 ))s] $*"; }
 
 # tracked paths taken out of the transfer (the tree travels with each call; 64 MiB a call in all): the big files, the
-# packed Magpie files (call 1 carries them once, in .carry/magpie) and the benchmark results
+# packed Magpie files (call 1 carries them once, in .carry/magpie), and the docs and tests, which neither call reads
+# (0.7 MB a call: ~1 M more tokens of data fit)
 BIG="data/checkpoints/eagle3-commercial/checkpoint/head.safetensors data/selfdistill/smollm2-135m-instruct.jsonl
 data/selfdistill/smollm2-135m-instruct-commercial.jsonl eyas/heads/smollm2-135m-instruct-eagle3/model.safetensors
-$(ls data/selfdistill/smollm2-135m-instruct-magpie-*.jsonl.xz 2>/dev/null) docs/results"
+$(ls data/selfdistill/smollm2-135m-instruct-magpie-*.jsonl.xz 2>/dev/null) docs tests"
 LIMIT=67108864  # 64 MiB
 
 prepare() {  # here, with the project's venv first on PATH
