@@ -106,98 +106,43 @@ class Metrics:
         p = self.prefix
         with self.lock:
             out: list[str] = []
-
-            def metric(name: str, kind: str, help_: str, samples: list[str]) -> None:
+            for name, kind, help_, samples in self._families(p):
                 out.extend([f"# HELP {p}:{name} {help_}", f"# TYPE {p}:{name} {kind}", *samples])
-
-            metric(
-                "num_requests_running",
-                "gauge",
-                "Requests being decoded.",
-                [f"{p}:num_requests_running {self.running}"],
-            )
-            metric(
-                "num_requests_waiting",
-                "gauge",
-                "Requests in the queue.",
-                [f"{p}:num_requests_waiting {self.waiting}"],
-            )
-            metric(
-                "spec_decode_verify_width",
-                "gauge",
-                "Tree nodes per request verified in the last step (the speculation policy's choice; 1 = plain).",
-                [f"{p}:spec_decode_verify_width {self.width}"],
-            )
-            metric(
-                "request_success",
-                "counter",
-                "Finished requests by finish reason.",
-                [
-                    f'{p}:request_success_total{{finished_reason="{k}"}} {v}'
-                    for k, v in sorted(self.finished.items())
-                ],
-            )
-            metric(
-                "request_rejected",
-                "counter",
-                "Requests refused before decoding, by reason.",
-                [f'{p}:request_rejected_total{{reason="{k}"}} {v}' for k, v in sorted(self.rejected.items())],
-            )
-            metric(
-                "prompt_tokens",
-                "counter",
-                "Prefill tokens processed.",
-                [f"{p}:prompt_tokens_total {self.prompt_tokens}"],
-            )
-            metric(
-                "generation_tokens",
-                "counter",
-                "Generated tokens.",
-                [f"{p}:generation_tokens_total {self.generation_tokens}"],
-            )
-            metric(
-                "time_to_first_token_seconds",
-                "histogram",
-                "Arrival to first token.",
-                self.ttft.lines(f"{p}:time_to_first_token_seconds"),
-            )
-            metric(
-                "inter_token_latency_seconds",
-                "histogram",
-                "Time between a request's consecutive steps.",
-                self.itl.lines(f"{p}:inter_token_latency_seconds"),
-            )
-            metric(
-                "e2e_request_latency_seconds",
-                "histogram",
-                "Arrival to finish.",
-                self.e2e.lines(f"{p}:e2e_request_latency_seconds"),
-            )
-            metric(
-                "spec_decode_num_drafts",
-                "counter",
-                "Verification steps (tau = 1 + accepted / drafts).",
-                [f"{p}:spec_decode_num_drafts_total {self.drafts}"],
-            )
-            metric(
-                "spec_decode_num_draft_tokens",
-                "counter",
-                "Draft tokens proposed.",
-                [f"{p}:spec_decode_num_draft_tokens_total {self.draft_tokens}"],
-            )
-            metric(
-                "spec_decode_num_accepted_tokens",
-                "counter",
-                "Draft tokens accepted.",
-                [f"{p}:spec_decode_num_accepted_tokens_total {self.accepted_tokens}"],
-            )
-            metric(
-                "spec_decode_num_accepted_tokens_per_pos",
-                "counter",
-                "Accepted draft tokens by position (0 = first).",
-                [
-                    f'{p}:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}} {v}'
-                    for i, v in enumerate(self.accepted_per_pos)
-                ],
-            )
         return "\n".join(out) + "\n"
+
+    def _families(self, p: str) -> list[tuple[str, str, str, list[str]]]:
+        """(name, type, help, sample lines) of every metric family, in exposition order; called under the lock."""
+        def one(name: str, value) -> list[str]:
+            return [f"{p}:{name} {value}"]
+
+        def labelled(name: str, label: str, items) -> list[str]:
+            return [f'{p}:{name}{{{label}="{k}"}} {v}' for k, v in items]
+
+        return [
+            ("num_requests_running", "gauge", "Requests being decoded.", one("num_requests_running", self.running)),
+            ("num_requests_waiting", "gauge", "Requests in the queue.", one("num_requests_waiting", self.waiting)),
+            ("spec_decode_verify_width", "gauge",
+             "Tree nodes per request verified in the last step (the speculation policy's choice; 1 = plain).",
+             one("spec_decode_verify_width", self.width)),
+            ("request_success", "counter", "Finished requests by finish reason.",
+             labelled("request_success_total", "finished_reason", sorted(self.finished.items()))),
+            ("request_rejected", "counter", "Requests refused before decoding, by reason.",
+             labelled("request_rejected_total", "reason", sorted(self.rejected.items()))),
+            ("prompt_tokens", "counter", "Prefill tokens processed.", one("prompt_tokens_total", self.prompt_tokens)),
+            ("generation_tokens", "counter", "Generated tokens.",
+             one("generation_tokens_total", self.generation_tokens)),
+            ("time_to_first_token_seconds", "histogram", "Arrival to first token.",
+             self.ttft.lines(f"{p}:time_to_first_token_seconds")),
+            ("inter_token_latency_seconds", "histogram", "Time between a request's consecutive steps.",
+             self.itl.lines(f"{p}:inter_token_latency_seconds")),
+            ("e2e_request_latency_seconds", "histogram", "Arrival to finish.",
+             self.e2e.lines(f"{p}:e2e_request_latency_seconds")),
+            ("spec_decode_num_drafts", "counter", "Verification steps (tau = 1 + accepted / drafts).",
+             one("spec_decode_num_drafts_total", self.drafts)),
+            ("spec_decode_num_draft_tokens", "counter", "Draft tokens proposed.",
+             one("spec_decode_num_draft_tokens_total", self.draft_tokens)),
+            ("spec_decode_num_accepted_tokens", "counter", "Draft tokens accepted.",
+             one("spec_decode_num_accepted_tokens_total", self.accepted_tokens)),
+            ("spec_decode_num_accepted_tokens_per_pos", "counter", "Accepted draft tokens by position (0 = first).",
+             labelled("spec_decode_num_accepted_tokens_per_pos_total", "position", enumerate(self.accepted_per_pos))),
+        ]
