@@ -116,6 +116,16 @@ def _budget_step(budget: float, total: int, start: int, step: int, elapsed: floa
     return max(step, start + int((total - start) * min(1.0, elapsed / budget)))
 
 
+def _budget_lr(cfg: TrainConfig, acc, opt, sched, total: int, at: int) -> int:
+    """Set the learning rate at the budget's schedule step ``at``, the furthest of all processes' (their clocks
+    differ, the schedule is one); returns that step.
+    """
+    if acc.num_processes > 1:
+        at = int(acc.gather(torch.tensor([at], device=acc.device)).max())
+    _set_lr(cfg, opt, sched, total, at)
+    return at
+
+
 def _set_lr(cfg: TrainConfig, opt, sched, total: int, at: int) -> None:
     """Every parameter group's learning rate at schedule step ``at`` (the budget's, instead of the step count)."""
     f = _lr_lambda(cfg, total)
@@ -174,13 +184,52 @@ def _batches(examples: list[Example], cfg: TrainConfig, epoch: int, rank: int, w
     return all_b[rank:n:world]
 
 
+def _load(cfg: TrainConfig, device, convs: list, t_called: float, log):
+    """The frozen target, the tokenized examples split into training and held-aside ones, and the objective."""
+    from eyas.models.loading import load_target
+    from eyas.train.objectives import build_objective
+
+    loaded = load_target(cfg.model, cfg.target_dtype, device=device)
+    loaded.model.requires_grad_(False)
+    t_tok = time.time()
+    examples = load_examples(cfg.data, loaded.tokenizer, cfg.max_len, log=log, convs=convs)
+    train_ex, hold_ex = split_holdout(examples, min(cfg.holdout, len(examples) // 10))
+    t_obj = time.time()
+    objective = build_objective(cfg, loaded.model, train_ex)
+    log(f"loading: {len(convs)} conversations read and the target loaded in {t_tok - t_called:.1f} s, tokenized in "
+        f"{t_obj - t_tok:.1f} s, the objective built in {time.time() - t_obj:.1f} s")
+    return loaded, train_ex, hold_ex, objective
+
+
+def _train_step(cfg: TrainConfig, acc, wrapped, opt, sched, params: list, batch) -> dict:
+    """One optimizer step on ``batch``: forward under autocast, backward, clip, step; the objective's stats."""
+    with acc.autocast():
+        loss, stats = wrapped(batch)
+    acc.backward(loss)
+    acc.clip_grad_norm_(params, cfg.grad_clip)
+    opt.step()
+    sched.step()
+    return stats
+
+
+def _resume(out: Path, head: nn.Module, opt, sched, log) -> dict:
+    """The run's state (step, epoch, batch, tokens, seconds): the checkpoint's, restored into head, optimizer and
+    schedule, or a fresh one.
+    """
+    fresh = {"step": 0, "epoch": 0, "batch": 0, "tokens": 0, "seconds": 0.0}
+    state = load_checkpoint(out, head, opt, sched, log) or fresh
+    if state["step"]:
+        where = f"step {state['step']} (epoch {state['epoch']}, batch {state['batch']})"
+        log(f"resuming from {out / 'checkpoint'} at {where}")
+    return state
+
+
 def train(cfg: TrainConfig, log=print) -> dict:
     """Run (or resume) training; returns the final summary (also written to OUT/train_summary.json)."""
     t_called = time.time()  # --wall-budget counts from here
     from accelerate import Accelerator
 
-    from eyas.models.loading import fast_bf16, load_target
-    from eyas.train.objectives import build_objective, export_head
+    from eyas.models.loading import fast_bf16
 
     convs = read_conversations(cfg.data, log)  # malformed data fails before the target loads
     gpu = torch.cuda.is_available()
@@ -192,26 +241,15 @@ def train(cfg: TrainConfig, log=print) -> dict:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
-    loaded = load_target(cfg.model, cfg.target_dtype, device=acc.device)
-    target = loaded.model.requires_grad_(False)
-    t_tok = time.time()
-    examples = load_examples(cfg.data, loaded.tokenizer, cfg.max_len, log=log, convs=convs)
-    train_ex, hold_ex = split_holdout(examples, min(cfg.holdout, len(examples) // 10))
-    t_obj = time.time()
-    objective = build_objective(cfg, target, train_ex)
-    log(f"loading: {len(convs)} conversations read and the target loaded in {t_tok - t_called:.1f} s, tokenized in "
-        f"{t_obj - t_tok:.1f} s, the objective built in {time.time() - t_obj:.1f} s")
+    loaded, train_ex, hold_ex, objective = _load(cfg, acc.device, convs, t_called, log)
+    target = loaded.model
     head = objective.module.to(acc.device)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     per_epoch = len(_batches(train_ex, cfg, 0, acc.process_index, acc.num_processes))
     total = cfg.max_steps or max(1, int(per_epoch * cfg.epochs))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg, total))
-    fresh = {"step": 0, "epoch": 0, "batch": 0, "tokens": 0, "seconds": 0.0}
-    state = load_checkpoint(out, head, opt, sched, log) or fresh
-    if state["step"]:
-        where = f"step {state['step']} (epoch {state['epoch']}, batch {state['batch']})"
-        log(f"resuming from {out / 'checkpoint'} at {where}")
+    state = _resume(out, head, opt, sched, log)
     wrapped, opt = acc.prepare(_Wrapped(objective), opt)
     featurize = _feature_source(cfg, target, objective)
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
@@ -228,17 +266,10 @@ def train(cfg: TrainConfig, log=print) -> dict:
         batches = _batches(train_ex, cfg, state["epoch"], acc.process_index, acc.num_processes)
         for bi in range(state["batch"], len(batches)):
             batch = featurize([train_ex[i] for i in batches[bi]])
-            with acc.autocast():
-                loss, stats = wrapped(batch)
-            acc.backward(loss)
-            acc.clip_grad_norm_(params, cfg.grad_clip)
-            opt.step()
-            sched.step()
+            stats = _train_step(cfg, acc, wrapped, opt, sched, params, batch)
             if budget is not None:
-                at = _budget_step(budget, total, start, state["step"] + 1, time.time() - t_run)
-                if acc.num_processes > 1:  # one schedule for all processes (their clocks differ): the furthest
-                    at = int(acc.gather(torch.tensor([at], device=acc.device)).max())
-                _set_lr(cfg, opt, sched, total, at)
+                at = _budget_lr(cfg, acc, opt, sched, total, _budget_step(budget, total, start, state["step"] + 1,
+                                                                           time.time() - t_run))
             opt.zero_grad(set_to_none=True)
             state.update(step=state["step"] + 1, batch=bi + 1, tokens=state["tokens"] + int(batch.loss_mask.sum()),
                          seconds=time.time() - t0)
@@ -259,20 +290,32 @@ def train(cfg: TrainConfig, log=print) -> dict:
     if budget is not None:
         summary["schedule_steps"] = total  # the budget compressed these into ``steps``
     if acc.is_main_process:
-        export_head(cfg, objective, loaded, out / "head")  # first: an eval cut short by a time limit keeps it
-        summary["head"] = str(out / "head")
-        if last_eval[0] == state["step"]:
-            summary["eval"] = last_eval[1]
-        elif cfg.wall_budget is not None:  # an eval's length is not bounded: it has no place in a wall budget
-            summary["eval"] = {}
-            log("--wall-budget: no final held-aside eval (run `eyas bench speed` with the head instead)")
-        else:
-            summary["eval"] = _evaluate(cfg, objective, target, hold_ex, state, history, log)
-        (out / "train_summary.json").write_text(json.dumps(summary, indent=1))
-        _plot_history(history, out / "train_curve.png")
-        log(f"trained {cfg.kind} head: {summary}")
+        _finish(cfg, objective, loaded, hold_ex, state, last_eval, summary, log)
     acc.wait_for_everyone()
     return summary
+
+
+def _finish(cfg: TrainConfig, objective, loaded, hold_ex: list, state: dict, last_eval: tuple[int, dict],
+            summary: dict, log) -> None:
+    """The main process's end of a run: export the head, the final eval (unless a wall budget forbids it), the
+    summary file and the curve. Fills ``summary`` in place.
+    """
+    from eyas.train.objectives import export_head
+
+    out = Path(cfg.out_dir)
+    history = out / "train_log.jsonl"
+    export_head(cfg, objective, loaded, out / "head")  # first: an eval cut short by a time limit keeps it
+    summary["head"] = str(out / "head")
+    if last_eval[0] == state["step"]:
+        summary["eval"] = last_eval[1]
+    elif cfg.wall_budget is not None:  # an eval's length is not bounded: it has no place in a wall budget
+        summary["eval"] = {}
+        log("--wall-budget: no final held-aside eval (run `eyas bench speed` with the head instead)")
+    else:
+        summary["eval"] = _evaluate(cfg, objective, loaded.model, hold_ex, state, history, log)
+    (out / "train_summary.json").write_text(json.dumps(summary, indent=1))
+    _plot_history(history, out / "train_curve.png")
+    log(f"trained {cfg.kind} head: {summary}")
 
 
 def _feature_source(cfg: TrainConfig, target, objective):
