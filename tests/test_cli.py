@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from eyas.cli import main
+from tests.conftest import stderr_lines
 
 JSON_KEYS = {"text", "token_ids", "new_tokens", "steps", "mean_accepted", "tokens_per_second"}
 CONTEXT = 64
@@ -82,8 +83,8 @@ def cli(capsys, *argv: str) -> tuple[int, str, str]:
 def assert_clean_error(rc: int, err: str, *needles: str) -> None:
     assert rc != 0
     assert "Traceback" not in err
-    assert err.strip().startswith("eyas: error:"), err
-    assert len(err.strip().splitlines()) == 1, err
+    lines = stderr_lines(err)
+    assert len(lines) == 1 and lines[0].startswith("eyas: error:"), err
     for n in needles:
         assert n in err, (n, err)
 
@@ -220,7 +221,8 @@ def test_subprocess_missing_model_is_a_clean_error():
     p = _subprocess("generate", "hi", "--model", "/nonexistent", "--max-new-tokens", "4")
     assert p.returncode != 0
     assert "Traceback" not in p.stderr, p.stderr
-    assert p.stderr.strip().startswith("eyas: error:") and "/nonexistent" in p.stderr
+    lines = stderr_lines(p.stderr)
+    assert lines and lines[0].startswith("eyas: error:") and "/nonexistent" in p.stderr, p.stderr
     assert p.stdout == ""
 
 

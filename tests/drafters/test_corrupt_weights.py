@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from eyas.drafters.loading import DrafterLoadError, DrafterSpec, build_drafter, shipped_head
+from tests.conftest import stderr_lines
 
 HEAD = shipped_head("embedded:smollm2-135m-instruct")
 
@@ -43,4 +44,5 @@ def test_cli_prints_one_error_line(tmp_path, capsys, monkeypatch):
     head = _corrupt(HEAD, tmp_path / "head", "truncated")
     rc = main(["generate", "hi", "--drafter", str(head), "--max-new-tokens", "2", "--dtype", "float32"])
     err = capsys.readouterr().err
-    assert rc == 2 and err.startswith("eyas: error:") and "truncated" in err and "Traceback" not in err, err
+    lines = stderr_lines(err)
+    assert rc == 2 and lines[0].startswith("eyas: error:") and "truncated" in err and "Traceback" not in err, err

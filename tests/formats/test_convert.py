@@ -24,6 +24,7 @@ from eyas.formats.eagle1 import save_eagle1
 from eyas.formats.eagle3 import load_eagle3, save_eagle3
 from eyas.formats.gguf_eagle3 import load_eagle3_gguf, save_eagle3_gguf
 from eyas.models.config import ModelConfig
+from tests.conftest import stderr_lines
 
 
 # ---- heads and generation -------------------------------------------------------------------------
@@ -130,7 +131,7 @@ def test_dtype_is_kept_unless_asked(setup, tmp_path):
 
 # ---- refusals and bad input: one `eyas: error:` line, exit code 2 ---------------------------------
 def _one_error_line(capsys, code: int, match: str) -> None:
-    err = capsys.readouterr().err.strip().splitlines()
+    err = stderr_lines(capsys.readouterr().err)
     assert code == 2 and len(err) == 1 and err[0].startswith("eyas: error: "), err
     assert match in err[0], err[0]
 
