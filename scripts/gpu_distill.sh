@@ -26,7 +26,7 @@
 # 62.4 M tokens at 138 k tok/s.
 # Environment: DATA_S (default 0, no data phase: a short one is mostly ramp, docs/heads.md; 120 s gave ~1 M
 # tokens), END_S (560: call 2 with timeout_s 600), BATCH (1024 rows of `eyas data`), TRAIN_TOKENS (16384), LR (4e-4),
-# SEED (9: GPU draws used 1, 2, 7, 4 and 8, CPU files 3, 5, 6, 10, 11, 12, 14, 15 and 16 (next: 17), the held-out
+# SEED (9: GPU draws used 1, 2, 7, 4 and 8, CPU files 3, 5, 6, 10, 11, 12, 14-17 (next: 18), the held-out
 # file 13; a seed used before redraws its requests first, which the dedupe then drops). TRAIN_S, which the first two
 # draws set, is gone: END_S bounds the training.
 # WIDEN (unset): `eyas train --widen-mlp WIDEN`, the head's MLP widened before training (2,304 units since the sixth
