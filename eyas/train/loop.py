@@ -290,20 +290,19 @@ def train(cfg: TrainConfig, log=print) -> dict:
     if budget is not None:
         summary["schedule_steps"] = total  # the budget compressed these into ``steps``
     if acc.is_main_process:
-        _finish(cfg, objective, loaded, hold_ex, state, last_eval, summary, log)
+        _finish(cfg, objective, loaded, hold_ex, state, last_eval, history, summary, log)
     acc.wait_for_everyone()
     return summary
 
 
 def _finish(cfg: TrainConfig, objective, loaded, hold_ex: list, state: dict, last_eval: tuple[int, dict],
-            summary: dict, log) -> None:
+            history: Path, summary: dict, log) -> None:
     """The main process's end of a run: export the head, the final eval (unless a wall budget forbids it), the
     summary file and the curve. Fills ``summary`` in place.
     """
     from eyas.train.objectives import export_head
 
     out = Path(cfg.out_dir)
-    history = out / "train_log.jsonl"
     export_head(cfg, objective, loaded, out / "head")  # first: an eval cut short by a time limit keeps it
     summary["head"] = str(out / "head")
     if last_eval[0] == state["step"]:
