@@ -139,8 +139,9 @@ class EagleDrafter(Drafter):
             head = load_eagle_head(Path(path), self.target.config, self.target.dtype)
         self.head = head.to(head_compute_dtype(self.target))
         pack_linears_(self.head)  # bf16 on a CPU: prepacked oneDNN weights (eyas.models.packed), same bits
-        if quantize_head_(self.head):  # bf16 on a CPU with AVX512-BF16: Q8_0 weights, half the bytes a step
-            gguf_tuning.tune_once(self.head)  # the kernel's options for this CPU, if the target's did not set them
+        # on a CPU (bf16 with AVX512-BF16, or float32): Q8_0 weights, a half (a quarter) of the bytes a step
+        if quantize_head_(self.head) and self.head_dtype == torch.bfloat16:
+            gguf_tuning.tune_once(self.head)  # the bf16 kernel's options for this CPU, if the target's did not set them
         fuse_head_blocks_(self.head)  # and q|k|v, gate|up as one block matrix each (eyas.drafters.head_kernels)
         self.fast = bool(getattr(self.head, "fast_ready", lambda: False)())
         self.expansion = make_expansion(tree)

@@ -64,7 +64,7 @@ class HeadPaths:
 def fuse_head_blocks_(head: nn.Module) -> int:
     """Give every attention (q/k/v) and MLP (gate/up) of a quantised head one fused block matrix (their
     Q8_0 rows concatenated: the same weights, one kernel call). Returns how many were fused; 0 where the head's
-    projections have no blocks (``quantize_head_`` did not run) or carry biases, or ``EYAS_HEAD_FAST=0``.
+    projections have no blocks (``quantize_head_`` did not run), are not bf16, carry biases, or ``EYAS_HEAD_FAST=0``.
     """
     if os.environ.get("EYAS_HEAD_FAST", "1") == "0":
         return 0
@@ -75,6 +75,8 @@ def fuse_head_blocks_(head: nn.Module) -> int:
             continue
         blocks = [p.__dict__.get("_eyas_blocks") for p in parts]
         if any(b is None for b in blocks) or any(p.bias is not None for p in parts):
+            continue
+        if any(p.weight.dtype != torch.bfloat16 for p in parts):  # a float32 head's blocks: its torch path reads them
             continue
         if len({(b.qtype, b.k) for b in blocks}) != 1:
             continue

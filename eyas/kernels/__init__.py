@@ -7,6 +7,7 @@ an unsupported platform) or its switch turns it off; callers then keep the pure-
 - ``skinny_gemm()`` (``skinny_gemm.cpp``, ``EYAS_SKINNY_GEMM``): few-row float32 projections;
 - ``rms_norm()`` (``rms_norm.cpp``, ``EYAS_NORM_KERNEL``): one-pass RMSNorm;
 - ``gguf_bf16()`` (``gguf_bf16.cpp``, ``EYAS_GGUF_BLOCKS``): bf16 projections over GGUF blocks;
+- ``gguf_f32()`` (``gguf_f32.cpp``, ``EYAS_GGUF_BLOCKS``): float32 projections over GGUF blocks, a few rows;
 - ``layer_ops()`` (``layer_ops.cpp``, ``EYAS_LAYER_OPS``): RoPE + KV-cache write of exact decode forwards, and
   the row argmax greedy verification reads (``argmax``).
 
@@ -40,8 +41,9 @@ def _build_dir(source: Path, flags: list[str] = ()) -> Path:
     from eyas.models.cpu import cpu_flags, cpu_name
     from eyas.models.loading import cache_root
 
+    headers = b"".join(h.read_bytes() for h in sorted(_HERE.glob("*.h")))  # included by the sources
     key = (f"{cpu_name()}|{sorted(cpu_flags())}|{torch.__version__}|{sys.version_info[:2]}|{_FLAGS + list(flags)}|"
-           f"{source.read_bytes()!r}")
+           f"{source.read_bytes()!r}|{headers!r}")
     return cache_root() / "kernels" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -67,7 +69,7 @@ class Lazy:
 def sources_digest() -> str:
     """sha256 (16 hex digits) of every kernel source: a cost table measured on other kernels is stale."""
     h = hashlib.sha256()
-    for f in sorted(_HERE.glob("*.cpp")):
+    for f in sorted([*_HERE.glob("*.cpp"), *_HERE.glob("*.h")]):
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
 
@@ -108,6 +110,16 @@ def gguf_bf16():
     if os.environ.get("EYAS_GGUF_BLOCKS", "1") == "0":
         return None
     return _get("gguf_bf16", "the bf16 GGUF-block projection kernel", "EYAS_GGUF_BLOCKS", ["-ffp-contract=off"])
+
+
+def gguf_f32():
+    """The compiled float32 projection over GGUF blocks for a few rows (``linear(x, blocks, qtype, bias)``,
+    ``dequantize(blocks, qtype, k)``, ``available()``: False where the CPU lacks AVX2/FMA/F16C), or None where it
+    is off (``EYAS_GGUF_BLOCKS=0``) or cannot be built. Its sums are ``skinny_gemm()``'s, bit for bit.
+    """
+    if os.environ.get("EYAS_GGUF_BLOCKS", "1") == "0":
+        return None
+    return _get("gguf_f32", "the float32 GGUF-block projection kernel", "EYAS_GGUF_BLOCKS", ["-ffp-contract=off"])
 
 
 def layer_ops():

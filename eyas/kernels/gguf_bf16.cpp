@@ -6,10 +6,7 @@
 // then round to nearest even), and multiplies with AVX512-BF16 (VDPBF16PS). So it computes with exactly
 // the loaded bf16 weights, reading 2.7x fewer bytes; eyas.models.gguf_blocks checks every row at load.
 //
-// Dequantisation (gguf-py, gguf/quants.py), in float32, multiply then add, never fused (built with
-// -ffp-contract=off): Q4_0 d * (q - 8); Q4_1 d * q + m; Q8_0 d * q. d and m are the block's fp16 scale
-// and minimum. Within a 32-weight block of Q4_*, byte j holds weight j in its low nibble and weight
-// j + 16 in its high nibble.
+// Dequantisation: gguf-py's float32 formula (gguf_quants.h, built with -ffp-contract=off).
 //
 // Numerics: output (m, n) accumulates in 16 float32 lanes, lane l taking the products of weights
 // 2l and 2l + 1 of every 32-weight block, blocks in order (VDPBF16PS: bf16 products are exact in
@@ -26,6 +23,8 @@
 #include <cstring>
 #include <vector>
 
+#include "gguf_quants.h"
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512BF16__) && defined(__F16C__)
 #include <immintrin.h>
 #define EYAS_GGUF_BF16 1
@@ -33,45 +32,7 @@
 
 namespace {
 
-constexpr int QK = 32;                     // weights per block
-enum QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };  // GGML type ids
-
-int64_t block_bytes(int64_t qtype) {
-  switch (qtype) {
-    case Q4_0: return 18;
-    case Q4_1: return 20;
-    case Q8_0: return 34;
-    default: TORCH_CHECK(false, "gguf_bf16: unsupported GGML type ", qtype, " (Q4_0, Q4_1, Q8_0 only)");
-  }
-}
-
-inline float half_to_float(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return static_cast<float>(c10::Half(h, c10::Half::from_bits()));
-}
-
-// scalar reference: block -> 32 float32 weights, exactly gguf-py's arithmetic
-void dequant_block_f32(const uint8_t* blk, int64_t qtype, float* out) {
-  const float d = half_to_float(blk);
-  if (qtype == Q8_0) {
-    for (int j = 0; j < QK; ++j) out[j] = d * static_cast<float>(static_cast<int8_t>(blk[2 + j]));
-    return;
-  }
-  const uint8_t* qs = blk + (qtype == Q4_1 ? 4 : 2);
-  const float m = qtype == Q4_1 ? half_to_float(blk + 2) : 0.0f;
-  for (int j = 0; j < QK / 2; ++j) {
-    const int lo = qs[j] & 0x0F, hi = qs[j] >> 4;
-    if (qtype == Q4_1) {
-      volatile float a = d * static_cast<float>(lo), b = d * static_cast<float>(hi);  // no fused multiply-add
-      out[j] = a + m;
-      out[j + QK / 2] = b + m;
-    } else {
-      out[j] = d * static_cast<float>(lo - 8);
-      out[j + QK / 2] = d * static_cast<float>(hi - 8);
-    }
-  }
-}
+using namespace eyas_gguf;
 
 #ifdef EYAS_GGUF_BF16
 inline float half_f16c(const uint8_t* p) {  // the hardware conversion (c10::Half's is bit manipulation in software)

@@ -12,6 +12,11 @@ forwards on it with no padding.
 Where it serves (``linear``): bf16 CPU inference, no autograd, a weight with blocks; in fast mode up to
 ``FAST_ROWS`` rows (past that oneDNN's blocked GEMM is faster), in exact mode's decode and verification
 forwards at every row count. Prefill keeps oneDNN. ``EYAS_GGUF_BLOCKS=0`` turns it off.
+
+float32 (CPUs without native bf16): the model is dequantised into float32 (540 MB a token for SmolLM2-135M) and
+``eyas/kernels/gguf_f32.cpp`` rebuilds each float32 weight from its block the same way. It serves exactly where the
+few-row streaming kernel (``eyas/kernels/skinny_gemm.cpp``, eyas.models.packed) would and sums in its order, so
+every output is the same bits as before, read from 5.5x fewer bytes.
 """
 
 from __future__ import annotations
@@ -48,13 +53,16 @@ class GGUFBlocks:
     k: int
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x: [..., K] bf16 -> [..., N] bf16."""
-        out = _kernel().linear(x.reshape(-1, self.k), self.data, self.qtype, _EMPTY if bias is None else bias)
+        """x: [..., K] bf16 or float32 (at most the float32 kernel's ``max_rows()`` rows) -> [..., N], x's dtype."""
+        kernel = _kernel() if x.dtype == torch.bfloat16 else _kernel_f32()
+        out = kernel.linear(x.reshape(-1, self.k), self.data, self.qtype, _EMPTY if bias is None else bias)
         return out.view(*x.shape[:-1], out.shape[1])
 
 
 _EMPTY = torch.empty(0)
 _kernel = kernels.Lazy(kernels.gguf_bf16, usable=lambda k: k.available())  # None on a CPU without AVX512-BF16
+_kernel_f32 = kernels.Lazy(kernels.gguf_f32, usable=lambda k: k.available())  # None on a CPU without AVX2/FMA
+_KERNELS = {torch.bfloat16: _kernel, torch.float32: _kernel_f32}
 
 
 def block_kernel():
@@ -73,15 +81,15 @@ def blocks_of(mod: nn.Module, x: torch.Tensor) -> GGUFBlocks | None:
 
 
 def attach_gguf_blocks(model: nn.Module, gguf_path: str | Path) -> int:
-    """Give every projection of a native bf16 CPU ``model`` loaded from ``gguf_path`` its GGUF blocks.
+    """Give every projection of a native bf16 or float32 CPU ``model`` loaded from ``gguf_path`` its GGUF blocks.
 
-    Each projection's blocks are dequantised by the kernel and compared with its loaded bf16 weight, bit for
-    bit; a projection whose blocks do not give its weight (another type, another row order) keeps oneDNN.
+    Each projection's blocks are dequantised by the kernel and compared with its loaded weight, bit for bit; a
+    projection whose blocks do not give its weight (another type, another row order) keeps the dense path.
     Returns the number of projections that read blocks (0 where the kernel is off or unavailable).
     """
-    if os.environ.get("EYAS_GGUF_BLOCKS", "1") == "0" or model.dtype != torch.bfloat16 or model.device.type != "cpu":
+    if os.environ.get("EYAS_GGUF_BLOCKS", "1") == "0" or model.device.type != "cpu":
         return 0
-    kernel = _kernel()
+    kernel = _KERNELS.get(model.dtype, lambda: None)()
     if kernel is None:
         return 0
     import gguf
@@ -117,19 +125,21 @@ def quantize_q8_0(w: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_head_(head: nn.Module) -> int:
-    """A draft head's bf16 CPU projections as Q8_0 blocks on the block kernel: each weight is replaced, in place,
-    by its Q8_0 rounding (the same weights on both paths: the kernel up to ``FAST_ROWS`` rows, oneDNN past it).
+    """A draft head's bf16 or float32 CPU projections as Q8_0 blocks on the block kernel: each weight is replaced,
+    in place, by its Q8_0 rounding (the same weights on both paths: the kernel up to ``FAST_ROWS`` rows in bf16,
+    the streaming kernel's rows in float32, the dense GEMM past them).
 
     A head runs right after a verify forward has streamed the target's weights through the caches, so its
     own weights come from DRAM every step: 1.06 bytes a weight instead of 2 halves that read. The draft
     changes by the rounding (about 0.4 % of a block's largest weight); verification keeps the output lossless.
-    Returns the number of projections; 0 where the kernel is unavailable, the head is not bf16 on a CPU,
+    Returns the number of projections; 0 where the kernel is unavailable, the head is not bf16 or float32 on a CPU,
     or ``EYAS_HEAD_Q8=0``.
     """
     mods = [m for m in head.modules() if isinstance(m, nn.Linear) and "_eyas_blocks" not in m.__dict__
-            and m.weight.dtype == torch.bfloat16 and m.weight.device.type == "cpu" and m.weight.shape[1] % 32 == 0]
-    # the kernel is compiled only where it would serve (not for a head on a GPU, nor an fp32 one)
-    kernel = _kernel() if mods and os.environ.get("EYAS_HEAD_Q8", "1") != "0" else None
+            and m.weight.dtype in _KERNELS and m.weight.device.type == "cpu" and m.weight.shape[1] % 32 == 0]
+    dtypes = {m.weight.dtype for m in mods}
+    # the kernel is compiled only where it would serve (not for a head on a GPU)
+    kernel = _KERNELS[dtypes.pop()]() if len(dtypes) == 1 and os.environ.get("EYAS_HEAD_Q8", "1") != "0" else None
     if kernel is None:
         return 0
     count = 0
@@ -155,7 +165,8 @@ def _attach(mod: nn.Module, tensors: list, parts: tuple[str, ...], cfg, kernel) 
     data = torch.from_numpy(np.ascontiguousarray(np.concatenate(rows)))
     if data.shape != (mod.weight.shape[0], k // 32 * kernel.block_bytes(qtype)):
         return 0
-    if not torch.equal(kernel.dequantize(data, qtype, k).view(torch.int16), mod.weight.detach().view(torch.int16)):
+    bits = torch.int16 if mod.weight.dtype == torch.bfloat16 else torch.int32  # compare bit patterns, not values
+    if not torch.equal(kernel.dequantize(data, qtype, k).view(bits), mod.weight.detach().view(bits)):
         return 0
     mod.__dict__["_eyas_blocks"] = GGUFBlocks(data=data, qtype=qtype, k=k)
     return 1

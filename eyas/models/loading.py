@@ -216,8 +216,9 @@ def load_target(spec: str | None = None, dtype="float32", backend: str = "native
             except ValueError as e:
                 raise ModelLoadError(str(e)) from None
         elif (src := gguf_source(spec)) is not None:
-            # bf16 CPU decoding reads the file's blocks (same weights, fewer bytes), run as this CPU runs it fastest
-            if attach_gguf_blocks(model, src):
+            # CPU decoding reads the file's blocks (same weights, fewer bytes); bf16's kernel run as this CPU runs
+            # it fastest
+            if attach_gguf_blocks(model, src) and model.dtype == torch.bfloat16:
                 tune_block_kernel(model)
     elif backend == "hf":
         from eyas.models.hf import HFTarget

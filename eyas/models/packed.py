@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eyas import kernels
+from eyas.models.cpu import cpu_flags
 from eyas.models.gguf_blocks import FAST_ROWS, blocks_of
 
 _lock = threading.Lock()
@@ -45,6 +46,11 @@ _packed_bytes = 0  # all PackedLinear copies made in this process
 
 def _available() -> bool:
     if os.environ.get("EYAS_PACK_WEIGHTS", "1") == "0":
+        return False
+    flags = cpu_flags()
+    if flags and not flags & {"avx512_bf16", "amx_bf16"}:
+        # oneDNN emulates bf16 there, and its packed product is not F.linear's bits for every shape (Intel Ice Lake,
+        # [49152, 576] at one row); such CPUs run float32 anyway (--dtype auto)
         return False
     try:
         return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
@@ -76,13 +82,17 @@ class PackedLinear(nn.Linear):
 
     def dense(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., K] -> [..., N] on the dense weight: oneDNN prepacked (bf16), the streaming kernel (few fp32
-        rows) or ``F.linear``. Exact mode's prefill and row-floor probes take this path only.
+        rows; from the weight's GGUF blocks where it has them, the same bits) or ``F.linear``. Exact mode's prefill
+        and row-floor probes take this path only.
         """
         packed = self._packed(x)
         if packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
         kernel = skinny_kernel(self.weight, x)
         if kernel is not None:
+            blocks = self.__dict__.get("_eyas_blocks")
+            if blocks is not None:  # the same sums from the GGUF file's blocks, 5.5x fewer bytes (gguf_f32.cpp)
+                return blocks.linear(x, self.bias)
             out = kernel.linear(x.reshape(-1, x.shape[-1]), self.weight, _EMPTY if self.bias is None else self.bias)
             return out.view(*x.shape[:-1], self.weight.shape[0])
         return F.linear(x, self.weight, self.bias)

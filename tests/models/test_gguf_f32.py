@@ -1,0 +1,162 @@
+"""float32 projections read from GGUF blocks (eyas/kernels/gguf_f32.cpp), the path of CPUs without native bf16.
+
+The kernel must rebuild exactly the float32 weights eyas's loader makes from the same file (gguf-py's
+dequantisation), and sum exactly as the few-row streaming kernel (skinny_gemm.cpp) does on those dense weights:
+it replaces that kernel where it serves, so no output of a float32 target may change by a bit. Past the streaming
+kernel's rows, and in training, the dense weight serves as before.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from eyas import kernels
+from eyas.models import gguf_blocks
+from eyas.models.gguf_blocks import GGUFBlocks
+from eyas.models.packed import pack_linears_, skinny_rows
+
+gguf = pytest.importorskip("gguf")
+KERNEL = kernels.gguf_f32()
+SKINNY = kernels.skinny_gemm()
+pytestmark = pytest.mark.skipif(KERNEL is None or SKINNY is None or not KERNEL.available(),
+                                reason="no C++ toolchain, or a CPU without AVX2/FMA/F16C")
+TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
+NONE = torch.empty(0)
+
+
+def blocks_and_weight(qtype: str, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random blocks (model-sized fp16 scales and minimums) and the loader's float32 weight from them."""
+    from tests.models.test_gguf_blocks import random_blocks
+
+    raw = random_blocks(qtype, n, k, seed)
+    deq = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype])
+    return torch.from_numpy(raw), torch.from_numpy(np.ascontiguousarray(deq)).reshape(n, k)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_dequantize_gives_the_loaders_float32_weights_bit_for_bit(qtype):
+    raw, weight = blocks_and_weight(qtype, 40, 1536)
+    assert weight.dtype == torch.float32
+    assert torch.equal(KERNEL.dequantize(raw, TYPES[qtype], 1536).view(torch.int32), weight.view(torch.int32))
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("n,k", [(96, 576), (37, 1536), (6, 32)])  # 37, 6: groups short of 4 rows
+@pytest.mark.parametrize("threads", [1, 2])
+def test_linear_is_the_streaming_kernel_on_the_dense_weight_bit_for_bit(qtype, n, k, threads):
+    raw, weight = blocks_and_weight(qtype, n, k, seed=n)
+    torch.manual_seed(k)
+    x, bias = torch.randn(KERNEL.max_rows(), k), torch.randn(n)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for m in (1, 2, 3, 4, 5, 7, 9, 16, 32):  # every register-block shape, and row invariance across them
+            for b in (NONE, bias):
+                got, want = KERNEL.linear(x[:m], raw, TYPES[qtype], b), SKINNY.linear(x[:m], weight, b)
+                assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (m, b.numel())
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_bad_input_is_named():
+    raw, _ = blocks_and_weight("Q8_0", 8, 64)
+    with pytest.raises(RuntimeError, match="float32"):
+        KERNEL.linear(torch.randn(2, 64).double(), raw, 8, NONE)
+    with pytest.raises(RuntimeError, match="at most"):
+        KERNEL.linear(torch.randn(KERNEL.max_rows() + 1, 64), raw, 8, NONE)
+    with pytest.raises(RuntimeError, match="blocks \\[N, K / 32"):
+        KERNEL.linear(torch.randn(2, 96), raw, 8, NONE)
+    with pytest.raises(RuntimeError, match="unsupported GGML type"):
+        KERNEL.linear(torch.randn(2, 64), raw, 6, NONE)
+
+
+def test_a_packed_float32_linear_reads_its_blocks_where_the_streaming_kernel_would_serve():
+    raw, weight = blocks_and_weight("Q4_1", 64, 576)
+    lin = nn.Linear(576, 64, bias=True).requires_grad_(False)
+    lin.weight.copy_(weight)
+    pack_linears_(lin)
+    blocks = GGUFBlocks(data=raw, qtype=TYPES["Q4_1"], k=576)
+    lin.__dict__["_eyas_blocks"] = blocks
+    few, many = torch.randn(3, 576), torch.randn(skinny_rows(lin.weight) + 1, 576)
+    calls = []
+    real = blocks.linear
+    lin.__dict__["_eyas_blocks"] = type("Spy", (), {"linear": lambda s, x, b: calls.append(x.shape) or real(x, b)})()
+    with torch.inference_mode():
+        out = lin(few)
+        assert calls == [(3, 576)] and torch.equal(out, SKINNY.linear(few, weight, lin.bias))
+        lin(many)  # past the streaming kernel's rows: the dense GEMM, as before
+        assert calls == [(3, 576)]
+    x = few.clone().requires_grad_(True)
+    lin(x)  # autograd: the dense weight
+    assert calls == [(3, 576)]
+
+
+# ---- the embedded default in float32 ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def embedded_f32():
+    from eyas.models.loading import embedded_gguf_path, load_target
+
+    try:
+        path = embedded_gguf_path()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"embedded model not installed: {e}")
+    return load_target(None, dtype="float32"), path
+
+
+def test_embedded_default_float32_attaches_every_projection(embedded_f32, monkeypatch):
+    loaded, path = embedded_f32
+    model = loaded.model
+    assert model.dtype == torch.float32
+    with_blocks = [m for m in model.modules() if "_eyas_blocks" in m.__dict__]
+    assert len(with_blocks) == 4 * model.config.num_layers + 1  # qkv, o, gate_up, down per layer; lm_head
+    down = model.model.layers[2].mlp.down_proj
+    assert torch.equal(KERNEL.dequantize(down._eyas_blocks.data, down._eyas_blocks.qtype, down.in_features),
+                       down.weight)
+    monkeypatch.setenv("EYAS_GGUF_BLOCKS", "0")
+    assert gguf_blocks.attach_gguf_blocks(model, path) == 0
+
+
+def test_embedded_default_float32_speculative_equals_plain_on_the_blocks(embedded_f32):
+    """Plain decoding and tree verification both read the blocks; the output is plain decoding's, token for token,
+    and the same tokens as with the blocks switched off (the dense weights on the streaming kernel)."""
+    from eyas.api import Speculator
+    from eyas.drafters.loading import DrafterSpec
+
+    loaded, _ = embedded_f32
+    spec = Speculator(loaded, DrafterSpec("default", tree="dynamic:4,3,10"))
+    prompt = "List three facts about the moon, one per line."
+    plain = spec.generate(prompt, speculate=False, max_new_tokens=40)
+    fast = spec.generate(prompt, max_new_tokens=40)
+    assert fast.token_ids == plain.token_ids
+    assert fast.steps < len(fast.token_ids) - 1, "nothing was accepted: the comparison proves little"
+    held = {m: m.__dict__.pop("_eyas_blocks") for m in loaded.model.modules() if "_eyas_blocks" in m.__dict__}
+    try:
+        dense = spec.generate(prompt, speculate=False, max_new_tokens=40)
+    finally:
+        for m, b in held.items():
+            m.__dict__["_eyas_blocks"] = b
+    assert dense.token_ids == plain.token_ids
+
+
+def test_a_float32_heads_projections_become_q8_0_blocks_with_matching_dense_weights(monkeypatch):
+    head = nn.Sequential(nn.Linear(576, 96, bias=False), nn.Linear(96, 64, bias=True), nn.Linear(40, 8))
+    head = head.requires_grad_(False)
+    pack_linears_(head)
+    before = head[0].weight.clone()
+    monkeypatch.setenv("EYAS_HEAD_Q8", "0")
+    assert gguf_blocks.quantize_head_(head) == 0
+    monkeypatch.delenv("EYAS_HEAD_Q8")
+    assert gguf_blocks.quantize_head_(head) == 2  # K = 40 is not a multiple of 32: left as it is
+    for lin in head[:2]:
+        blocks = lin.__dict__["_eyas_blocks"]
+        assert blocks.qtype == 8 and lin.weight.dtype == torch.float32
+        assert torch.equal(KERNEL.dequantize(blocks.data, 8, lin.in_features), lin.weight)  # both paths: one weight
+    assert (head[0].weight - before).abs().max() <= before.abs().max() / 127
+    x = torch.randn(3, 576)
+    with torch.inference_mode():  # the blocks at a few rows give the streaming kernel's bits on the same weight
+        assert torch.equal(head[0](x), SKINNY.linear(x, head[0].weight, NONE))
