@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eyas.models.cpu import cpu_flags, cpu_name
+from eyas.models.gguf_blocks import F32_ROWS
 
 # largest forward (tree nodes) exact mode checks; wider forwards are padded to it
 MAX_ROWS = 64
@@ -131,8 +132,9 @@ def linear(mod: nn.Module, x: torch.Tensor, floors: RowFloor | DecodeFloors | No
             # decode / verify forwards run under inference mode on the model's own dtype and device, so the
             # blocks' presence decides (blocks_of's checks cost ~1 us a call, 121 calls a token)
             blocks = mod.__dict__.get("_eyas_blocks")
-            if blocks is not None and x.dtype == torch.bfloat16 and not x.requires_grad and not x.is_cuda:
-                return blocks.linear(x, mod.bias)
+            if blocks is not None and not x.requires_grad and not x.is_cuda and (
+                    x.dtype == torch.bfloat16 or (x.dtype == torch.float32 and x.numel() <= F32_ROWS * x.shape[-1])):
+                return blocks.linear(x, mod.bias)  # both kernels are row-invariant: no padding
         b, t, k = x.shape
         need = floors(mod)
         dense = getattr(mod, "dense", mod)

@@ -33,6 +33,8 @@ from eyas import kernels
 
 # fast mode: the most rows the block kernel takes (oneDNN's prepacked GEMM is as fast at 8 and faster past it)
 FAST_ROWS = 8
+# float32: the most rows ``eyas/kernels/gguf_f32.cpp`` takes (its MAX_ROWS, the streaming kernel's)
+F32_ROWS = 32
 _SUPPORTED = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}  # GGML type name -> id
 
 # fused native projection -> the GGUF tensors concatenated into it, in row order

@@ -121,19 +121,35 @@ def test_embedded_default_float32_attaches_every_projection(embedded_f32, monkey
     assert gguf_blocks.attach_gguf_blocks(model, path) == 0
 
 
-def test_embedded_default_float32_speculative_equals_plain_on_the_blocks(embedded_f32):
-    """Plain decoding and tree verification both read the blocks; the output is plain decoding's, token for token,
-    and the same tokens as with the blocks switched off (the dense weights on the streaming kernel)."""
+@pytest.mark.parametrize("exact", [False, True])
+def test_embedded_default_float32_speculative_equals_plain_on_the_blocks(embedded_f32, exact, monkeypatch):
+    """Plain decoding and tree verification both read the blocks (in exact mode too, unpadded: the kernel is
+    row-invariant); the output is plain decoding's, token for token, and the same tokens as with the blocks switched
+    off (the dense weights)."""
     from eyas.api import Speculator
     from eyas.drafters.loading import DrafterSpec
 
     loaded, _ = embedded_f32
-    spec = Speculator(loaded, DrafterSpec("default", tree="dynamic:4,3,10"))
+    spec = Speculator(loaded, DrafterSpec("default", tree="dynamic:4,3,10"), exact=exact)
+    target = {id(m.__dict__["_eyas_blocks"]) for m in loaded.model.modules() if "_eyas_blocks" in m.__dict__}
+    rows = []
+    real = GGUFBlocks.linear
+
+    def spy(self, x, b):  # the target's projections only (the draft head has Q8_0 blocks of its own)
+        if id(self) in target:
+            rows.append(x.reshape(-1, x.shape[-1]).shape[0])
+        return real(self, x, b)
+
+    monkeypatch.setattr(GGUFBlocks, "linear", spy)
     prompt = "List three facts about the moon, one per line."
     plain = spec.generate(prompt, speculate=False, max_new_tokens=40)
+    assert rows and set(rows) == {1}, "plain float32 decoding did not read the blocks one row at a time"
+    rows.clear()
     fast = spec.generate(prompt, max_new_tokens=40)
     assert fast.token_ids == plain.token_ids
     assert fast.steps < len(fast.token_ids) - 1, "nothing was accepted: the comparison proves little"
+    assert max(rows) > 1, "verification never ran a tree through the blocks"
+    monkeypatch.undo()
     held = {m: m.__dict__.pop("_eyas_blocks") for m in loaded.model.modules() if "_eyas_blocks" in m.__dict__}
     try:
         dense = spec.generate(prompt, speculate=False, max_new_tokens=40)
