@@ -190,13 +190,9 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor blocks, int64_t qtype, torch
   const int64_t bb = block_bytes(qtype);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "gguf_bf16.linear: x [M, K] bfloat16");
   const int64_t m = x.size(0), k = x.size(1), n = blocks.size(0);
-  TORCH_CHECK(k % QK == 0 && blocks.dim() == 2 && blocks.size(1) == k / QK * bb && blocks.is_contiguous(),
-              "gguf_bf16.linear: blocks [N, K / 32 * ", bb, "] contiguous uint8 for K = ", k);
+  const torch::Tensor b32 = checked_bias("gguf_bf16.linear", x, blocks, qtype, bias);  // blocks and bias checked
+  const float* bd = b32.defined() ? b32.data_ptr<float>() : nullptr;
   x = x.contiguous();
-  const bool has_bias = bias.defined() && bias.numel();
-  TORCH_CHECK(!has_bias || bias.numel() == n, "gguf_bf16.linear: bias [N]");
-  const torch::Tensor b32 = has_bias ? bias.to(at::kFloat).contiguous() : bias;
-  const float* bd = has_bias ? b32.data_ptr<float>() : nullptr;
   auto out = torch::empty({m, n}, x.options());
   const uint16_t* xd = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
   const uint8_t* wd = blocks.data_ptr<uint8_t>();

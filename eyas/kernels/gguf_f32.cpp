@@ -19,6 +19,7 @@
 #include <cstring>
 #include <vector>
 
+#include "f32_dot.h"  // the summation order, skinny_gemm.cpp's (block, reduce8)
 #include "gguf_quants.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -29,6 +30,7 @@
 namespace {
 
 using namespace eyas_gguf;
+using namespace eyas_f32;
 
 constexpr int64_t NB = 4;         // weight rows per group, dequantised into L1 once for every input row
 constexpr int64_t MAX_ROWS = 32;  // skinny_gemm.cpp's: past that the dense GEMM serves
@@ -81,20 +83,12 @@ inline void dequant_block(const uint8_t* blk, int64_t qtype, float* out) {
   _mm256_storeu_ps(out + 24, scale8<true, false>(_mm_srli_si128(hi, 8), d, d));
 }
 
-inline float reduce8(__m256 v) {  // skinny_gemm.cpp's fixed tree: (l, l+4), (l, l+2), (l, l+1)
-  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-  a = _mm_add_ss(a, _mm_movehdup_ps(a));
-  return _mm_cvtss_f32(a);
-}
-
 #if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
 // AVX-512: two weight rows share a register, each in its own 8-lane half, so every accumulator lane still takes
 // k = l, l + 8, ... of one row: twice the multiply-adds an instruction, skinny_gemm.cpp's sums unchanged. The group's
 // 4 rows are dequantised as pairs: pair buffer chunk c (16 floats) = row 2p's k in [8c, 8c + 8), then row 2p + 1's.
 // A Q4_* block's 16 possible weights are computed once (d * q (+ m) for q = 0..15) and the nibbles pick from that
 // table (VPERMPS), as gguf_bf16.cpp does in bf16.
-#define EYAS_GGUF_F32_PAIRS 1
 
 inline void store_pair_half(float* pair, int64_t chunk, int half, __m512 v) {  // v = 16 weights = chunks c, c + 1
   float* dst = pair + 16 * chunk + 8 * half;
@@ -174,24 +168,6 @@ void group(const float* xd, int64_t m, const uint8_t* const* w, int64_t k, int64
   }
 }
 #else
-// rows x[0 .. MR) against 4 dequantised weight rows w[j] (length k, a multiple of 32); out[i * ldo + j]
-template <int MR>
-inline void micro(const float* const* x, const float* const* w, int64_t k, float* out, int64_t ldo) {
-  __m256 acc[MR][4];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_setzero_ps();
-  for (int64_t p = 0; p < k; p += 8) {
-    __m256 wv[4];
-    for (int j = 0; j < 4; ++j) wv[j] = _mm256_loadu_ps(w[j] + p);
-    for (int i = 0; i < MR; ++i) {
-      const __m256 xv = _mm256_loadu_ps(x[i] + p);
-      for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
-    }
-  }
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < 4; ++j) out[i * ldo + j] = reduce8(acc[i][j]);
-}
-
 // m rows of x against the 4 weight rows whose blocks start at w[j] (a short group repeats its last row): dequantised
 // into buf first (L1), then every row in register blocks of up to 2; out[i * 4 + j]
 void group(const float* xd, int64_t m, const uint8_t* const* w, int64_t k, int64_t bb, int64_t qtype,
@@ -207,8 +183,8 @@ void group(const float* xd, int64_t m, const uint8_t* const* w, int64_t k, int64
   for (int64_t i = 0; i < m;) {
     const int rows = static_cast<int>(std::min<int64_t>(m - i, 2));
     for (int r = 0; r < rows; ++r) xs[r] = xd + (i + r) * k;
-    if (rows == 2) micro<2>(xs, ws, k, out + i * 4, 4);
-    else micro<1>(xs, ws, k, out + i * 4, 4);
+    if (rows == 2) block<2, 4>(xs, ws, k, k, out + i * 4, 4);  // f32_dot.h: the streaming kernel's own sums
+    else block<1, 4>(xs, ws, k, k, out + i * 4, 4);
     i += rows;
   }
 }
@@ -244,13 +220,9 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor blocks, int64_t qtype, torch
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "gguf_f32.linear: x [M, K] float32");
   TORCH_CHECK(x.size(0) <= MAX_ROWS, "gguf_f32.linear: at most ", MAX_ROWS, " rows");
   const int64_t m = x.size(0), k = x.size(1), n = blocks.size(0);
-  TORCH_CHECK(k % QK == 0 && blocks.dim() == 2 && blocks.size(1) == k / QK * bb && blocks.is_contiguous(),
-              "gguf_f32.linear: blocks [N, K / 32 * ", bb, "] contiguous uint8 for K = ", k);
+  const torch::Tensor b32 = checked_bias("gguf_f32.linear", x, blocks, qtype, bias);  // blocks and bias checked
+  const float* bd = b32.defined() ? b32.data_ptr<float>() : nullptr;
   x = x.contiguous();
-  const bool has_bias = bias.defined() && bias.numel();
-  TORCH_CHECK(!has_bias || bias.numel() == n, "gguf_f32.linear: bias [N]");
-  const torch::Tensor b32 = has_bias ? bias.to(at::kFloat).contiguous() : bias;
-  const float* bd = has_bias ? b32.data_ptr<float>() : nullptr;
   auto out = torch::empty({m, n}, x.options());
   const float* xd = x.data_ptr<float>();
   const uint8_t* wd = blocks.data_ptr<uint8_t>();
