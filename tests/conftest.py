@@ -65,6 +65,44 @@ def stderr_lines(err: str) -> list[str]:
     return [ln for ln in err.strip().splitlines() if ln.strip() and not ln.startswith(ONE_TIME_NOTES)]
 
 
+# ---- GGUF blocks (tests/models/test_gguf_blocks.py, test_gguf_f32.py) ------------------------------------------------
+
+GGUF_TYPES = {"Q4_0": (2, 18), "Q4_1": (3, 20), "Q8_0": (8, 34)}  # name -> (GGML type id, bytes a 32-weight block)
+
+
+def random_blocks(qtype: str, n: int, k: int, seed: int = 0):
+    """[n, k / 32 * bytes] uint8 numpy: random quants under random (finite, model-sized) fp16 scales and minimums."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    _, nbytes = GGUF_TYPES[qtype]
+    raw = rng.integers(0, 256, size=(n, k // 32, nbytes), dtype=np.uint8)
+    scales = rng.uniform(0.001, 0.05, size=(n, k // 32)).astype(np.float16)
+    raw[..., 0:2] = scales.view(np.uint8).reshape(n, k // 32, 2)
+    if qtype == "Q4_1":
+        mins = -rng.uniform(0.0, 0.4, size=(n, k // 32)).astype(np.float16)
+        raw[..., 2:4] = mins.view(np.uint8).reshape(n, k // 32, 2)
+    return raw.reshape(n, -1)
+
+
+def spy_target_block_rows(monkeypatch, model) -> list[int]:
+    """A list that fills with the row count of every GGUF-block projection ``model`` runs from now on (the target's
+    own blocks only: a draft head's Q8_0 blocks are not counted)."""
+    from eyas.models.gguf_blocks import GGUFBlocks
+
+    target = {id(m.__dict__["_eyas_blocks"]) for m in model.modules() if "_eyas_blocks" in m.__dict__}
+    rows: list[int] = []
+    real = GGUFBlocks.linear
+
+    def spy(self, x, b):
+        if id(self) in target:
+            rows.append(x.reshape(-1, x.shape[-1]).shape[0])
+        return real(self, x, b)
+
+    monkeypatch.setattr(GGUFBlocks, "linear", spy)
+    return rows
+
+
 def tiny_hf_config(kind: str, **overrides):
     """A transformers config of the given tiny kind (see ``TINY_KINDS``)."""
     import transformers

@@ -43,3 +43,12 @@ def cpu_flags() -> frozenset[str]:
     """The CPU's flags (avx2, avx512_bf16, amx_bf16, ...); empty where unknown."""
     info = _cpuinfo()
     return frozenset(info.split()) if info is not None else frozenset()
+
+
+# the flags of native bf16 matmuls on a CPU (without them oneDNN and torch emulate bf16 in float32)
+BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX); False where its flags are unknown."""
+    return bool(cpu_flags() & BF16_FLAGS)

@@ -56,8 +56,7 @@ class GGUFBlocks:
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x: [..., K] bf16 or float32 (at most the float32 kernel's ``max_rows()`` rows) -> [..., N], x's dtype."""
-        kernel = _kernel() if x.dtype == torch.bfloat16 else _kernel_f32()
-        out = kernel.linear(x.reshape(-1, self.k), self.data, self.qtype, _EMPTY if bias is None else bias)
+        out = _KERNELS[x.dtype]().linear(x.reshape(-1, self.k), self.data, self.qtype, _EMPTY if bias is None else bias)
         return out.view(*x.shape[:-1], out.shape[1])
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from eyas.models.config import ModelConfig
-from eyas.models.cpu import cpu_flags
+from eyas.models.cpu import native_bf16
 from eyas.models.gguf_blocks import attach_gguf_blocks
 from eyas.models.gguf_tuning import tune_block_kernel
 from eyas.models.native import NativeLlama
@@ -48,8 +48,7 @@ def fast_bf16() -> bool:
     """
     if torch.cuda.is_available():
         return True
-    flags = cpu_flags()
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return native_bf16()
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eyas import kernels
-from eyas.models.cpu import cpu_flags
+from eyas.models.cpu import cpu_flags, native_bf16
 from eyas.models.gguf_blocks import FAST_ROWS, blocks_of
 
 _lock = threading.Lock()
@@ -47,8 +47,7 @@ _packed_bytes = 0  # all PackedLinear copies made in this process
 def _available() -> bool:
     if os.environ.get("EYAS_PACK_WEIGHTS", "1") == "0":
         return False
-    flags = cpu_flags()
-    if flags and not flags & {"avx512_bf16", "amx_bf16"}:
+    if cpu_flags() and not native_bf16():
         # oneDNN emulates bf16 there, and its packed product is not F.linear's bits for every shape (Intel Ice Lake,
         # [49152, 576] at one row); such CPUs run float32 anyway (--dtype auto)
         return False

@@ -19,25 +19,13 @@ from eyas.models import gguf_blocks
 from eyas.models.exact import DecodeFloors, RowFloor, linear
 from eyas.models.gguf_blocks import FAST_ROWS, GGUFBlocks
 from eyas.models.packed import pack_linears_
+from tests.conftest import GGUF_TYPES, random_blocks, spy_target_block_rows
 
 gguf = pytest.importorskip("gguf")
 KERNEL = kernels.gguf_bf16()
 pytestmark = pytest.mark.skipif(KERNEL is None, reason="no C++ toolchain for eyas/kernels/gguf_bf16.cpp")
 needs_bf16 = pytest.mark.skipif(KERNEL is None or not KERNEL.available(), reason="CPU without AVX512-BF16")
-TYPES = {"Q4_0": (2, 18), "Q4_1": (3, 20), "Q8_0": (8, 34)}
-
-
-def random_blocks(qtype: str, n: int, k: int, seed: int = 0) -> np.ndarray:
-    """[n, k / 32 * bytes] uint8: random quants under random (finite, model-sized) fp16 scales and minimums."""
-    rng = np.random.default_rng(seed)
-    _, nbytes = TYPES[qtype]
-    raw = rng.integers(0, 256, size=(n, k // 32, nbytes), dtype=np.uint8)
-    scales = rng.uniform(0.001, 0.05, size=(n, k // 32)).astype(np.float16)
-    raw[..., 0:2] = scales.view(np.uint8).reshape(n, k // 32, 2)
-    if qtype == "Q4_1":
-        mins = -rng.uniform(0.0, 0.4, size=(n, k // 32)).astype(np.float16)
-        raw[..., 2:4] = mins.view(np.uint8).reshape(n, k // 32, 2)
-    return raw.reshape(n, -1)
+TYPES = GGUF_TYPES
 
 
 def gguf_py_bf16(raw: np.ndarray, qtype: str, k: int) -> torch.Tensor:
@@ -153,24 +141,15 @@ def test_embedded_default_bf16_speculative_equals_drafter_none_on_the_blocks(emb
     loaded, _ = embedded_bf16
     spec = Speculator(loaded, DrafterSpec("default", tree="dynamic:4,3,10"))
     assert spec.exact
-    calls = []
-    real = GGUFBlocks.linear
-    target = {id(m.__dict__["_eyas_blocks"]) for m in loaded.model.modules() if "_eyas_blocks" in m.__dict__}
-
-    def spy(self, x, b):  # the target's projections only (the draft head has Q8_0 blocks of its own)
-        if id(self) in target:
-            calls.append(x.shape)
-        return real(self, x, b)
-
-    monkeypatch.setattr(GGUFBlocks, "linear", spy)
+    rows = spy_target_block_rows(monkeypatch, loaded.model)  # the target's projections (not the head's Q8_0 blocks)
     prompt = "List three facts about the moon, one per line."
     plain = spec.generate(prompt, speculate=False, max_new_tokens=40)
-    assert calls, "plain bf16 decoding never read the GGUF blocks"
-    calls.clear()
+    assert rows, "plain bf16 decoding never read the GGUF blocks"
+    rows.clear()
     fast = spec.generate(prompt, max_new_tokens=40)
     assert fast.token_ids == plain.token_ids
     assert fast.steps < len(fast.token_ids) - 1, "nothing was accepted: the comparison proves little"
-    assert max(s[-2] for s in calls) > 1, "verification never ran a tree through the kernel"
+    assert max(rows) > 1, "verification never ran a tree through the kernel"
 
 
 def test_q8_0_quantisation_is_ggml_q8_0_within_half_a_step():

@@ -17,20 +17,19 @@ from eyas import kernels
 from eyas.models import gguf_blocks
 from eyas.models.gguf_blocks import GGUFBlocks
 from eyas.models.packed import pack_linears_, skinny_rows
+from tests.conftest import GGUF_TYPES, random_blocks, spy_target_block_rows
 
 gguf = pytest.importorskip("gguf")
 KERNEL = kernels.gguf_f32()
 SKINNY = kernels.skinny_gemm()
 pytestmark = pytest.mark.skipif(KERNEL is None or SKINNY is None or not KERNEL.available(),
                                 reason="no C++ toolchain, or a CPU without AVX2/FMA/F16C")
-TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
+TYPES = {name: ggml_id for name, (ggml_id, _) in GGUF_TYPES.items()}
 NONE = torch.empty(0)
 
 
 def blocks_and_weight(qtype: str, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Random blocks (model-sized fp16 scales and minimums) and the loader's float32 weight from them."""
-    from tests.models.test_gguf_blocks import random_blocks
-
     raw = random_blocks(qtype, n, k, seed)
     deq = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype])
     return torch.from_numpy(raw), torch.from_numpy(np.ascontiguousarray(deq)).reshape(n, k)
@@ -97,20 +96,10 @@ def test_a_packed_float32_linear_reads_its_blocks_where_the_streaming_kernel_wou
 # ---- the embedded default in float32 ------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def embedded_f32():
-    from eyas.models.loading import embedded_gguf_path, load_target
+def test_embedded_default_float32_attaches_every_projection(default_target, monkeypatch):
+    from eyas.models.loading import embedded_gguf_path
 
-    try:
-        path = embedded_gguf_path()
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"embedded model not installed: {e}")
-    return load_target(None, dtype="float32"), path
-
-
-def test_embedded_default_float32_attaches_every_projection(embedded_f32, monkeypatch):
-    loaded, path = embedded_f32
-    model = loaded.model
+    model = default_target.model
     assert model.dtype == torch.float32
     with_blocks = [m for m in model.modules() if "_eyas_blocks" in m.__dict__]
     assert len(with_blocks) == 4 * model.config.num_layers + 1  # qkv, o, gate_up, down per layer; lm_head
@@ -118,29 +107,20 @@ def test_embedded_default_float32_attaches_every_projection(embedded_f32, monkey
     assert torch.equal(KERNEL.dequantize(down._eyas_blocks.data, down._eyas_blocks.qtype, down.in_features),
                        down.weight)
     monkeypatch.setenv("EYAS_GGUF_BLOCKS", "0")
-    assert gguf_blocks.attach_gguf_blocks(model, path) == 0
+    assert gguf_blocks.attach_gguf_blocks(model, embedded_gguf_path()) == 0
 
 
 @pytest.mark.parametrize("exact", [False, True])
-def test_embedded_default_float32_speculative_equals_plain_on_the_blocks(embedded_f32, exact, monkeypatch):
+def test_embedded_default_float32_speculative_equals_plain_on_the_blocks(default_target, exact, monkeypatch):
     """Plain decoding and tree verification both read the blocks (in exact mode too, unpadded: the kernel is
     row-invariant); the output is plain decoding's, token for token, and the same tokens as with the blocks switched
     off (the dense weights)."""
     from eyas.api import Speculator
     from eyas.drafters.loading import DrafterSpec
 
-    loaded, _ = embedded_f32
+    loaded = default_target
     spec = Speculator(loaded, DrafterSpec("default", tree="dynamic:4,3,10"), exact=exact)
-    target = {id(m.__dict__["_eyas_blocks"]) for m in loaded.model.modules() if "_eyas_blocks" in m.__dict__}
-    rows = []
-    real = GGUFBlocks.linear
-
-    def spy(self, x, b):  # the target's projections only (the draft head has Q8_0 blocks of its own)
-        if id(self) in target:
-            rows.append(x.reshape(-1, x.shape[-1]).shape[0])
-        return real(self, x, b)
-
-    monkeypatch.setattr(GGUFBlocks, "linear", spy)
+    rows = spy_target_block_rows(monkeypatch, loaded.model)  # the target's projections (not the head's Q8_0 blocks)
     prompt = "List three facts about the moon, one per line."
     plain = spec.generate(prompt, speculate=False, max_new_tokens=40)
     assert rows and set(rows) == {1}, "plain float32 decoding did not read the blocks one row at a time"
