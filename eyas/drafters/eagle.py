@@ -55,7 +55,7 @@ class EagleHead(nn.Module):
         self.rope_table = RopeTable(self.inv_freq)  # cos / sin by position, computed once (not state)
 
     def fast_ready(self) -> bool:
-        """Whether ``fast_forward`` serves (fused Q8_0 blocks and the compiled kernels: a bf16 head on a CPU)."""
+        """Whether ``fast_forward`` serves (fused Q8_0 blocks, the compiled kernels: a bf16 or fp32 head on a CPU)."""
         layer = self.layers[0]
         return isinstance(layer.input_layernorm, nn.Identity) and fast_layer_ready(layer.self_attn, layer.mlp)
 

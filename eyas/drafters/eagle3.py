@@ -98,7 +98,7 @@ class Eagle3Layer(nn.Module):
         return self.finish(hid, a)
 
     def fast(self, emb, hid, rope_rows, cache, write_start: int, paths: HeadPaths) -> torch.Tensor:
-        """``forward`` for a few bf16 rows on the compiled kernels (eyas.drafters.head_kernels): emb, hid [T, H]."""
+        """``forward`` for a few rows on the compiled kernels (eyas.drafters.head_kernels): emb, hid [T, H]."""
         normed = rms_norm(hid, self.hidden_norm)
         attn_in = torch.cat([rms_norm(emb, self.input_layernorm), normed], dim=-1)
         residual = normed if self.norm_before_residual else hid
@@ -149,7 +149,7 @@ class Eagle3Head(nn.Module):
         return vocab_logits(self.lm_head, self.norm(out))
 
     def fast_ready(self) -> bool:
-        """Whether ``fast_forward`` serves (fused Q8_0 blocks and the compiled kernels: a bf16 head on a CPU)."""
+        """Whether ``fast_forward`` serves (fused Q8_0 blocks, the compiled kernels: a bf16 or fp32 head on a CPU)."""
         return fast_layer_ready(self.midlayer.self_attn, self.midlayer.mlp)
 
     def fast_forward(self, emb, hid, positions, cache, write_start: int, paths: HeadPaths) -> torch.Tensor:

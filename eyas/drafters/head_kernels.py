@@ -15,7 +15,8 @@ Here the same layer is:
 ``HeadPaths`` replaces the [T, S] mask: a row attends every slot below ``prefix`` (the committed context)
 and then its own ``slots`` (its ancestors in the draft tree and itself; for ``extend``, the new rows up to
 its own). Only the draft changes (RoPE's rounding, the attention's summation order: about one bf16 ulp);
-verification keeps the output lossless. Where a piece is missing (no AVX512-BF16, a GPU, fp32, more than
+verification keeps the output lossless. A float32 head runs the same calls on the float32 block kernel (RoPE then
+rounds as torch's float32 does). Where a piece is missing (a GPU, no block kernel for the head's dtype, more than
 ``FAST_ROWS`` rows, q/k norms or biases) the head keeps its torch path.
 """
 
@@ -64,7 +65,8 @@ class HeadPaths:
 def fuse_head_blocks_(head: nn.Module) -> int:
     """Give every attention (q/k/v) and MLP (gate/up) of a quantised head one fused block matrix (their
     Q8_0 rows concatenated: the same weights, one kernel call). Returns how many were fused; 0 where the head's
-    projections have no blocks (``quantize_head_`` did not run), are not bf16, carry biases, or ``EYAS_HEAD_FAST=0``.
+    projections have no blocks (``quantize_head_`` did not run), differ in dtype, carry biases, or
+    ``EYAS_HEAD_FAST=0``.
     """
     if os.environ.get("EYAS_HEAD_FAST", "1") == "0":
         return 0
@@ -76,7 +78,7 @@ def fuse_head_blocks_(head: nn.Module) -> int:
         blocks = [p.__dict__.get("_eyas_blocks") for p in parts]
         if any(b is None for b in blocks) or any(p.bias is not None for p in parts):
             continue
-        if any(p.weight.dtype != torch.bfloat16 for p in parts):  # a float32 head's blocks: its torch path reads them
+        if len({p.weight.dtype for p in parts}) != 1:
             continue
         if len({(b.qtype, b.k) for b in blocks}) != 1:
             continue
@@ -113,9 +115,10 @@ def fast_layer(attn: nn.Module, mlp: nn.Module, post_norm: nn.Module, attn_in: t
                paths: HeadPaths) -> torch.Tensor:
     """One decoder layer for T <= FAST_ROWS rows (``fast_layer_ready`` first).
 
-    attn_in: [T, D_in] bf16, what q/k/v read; residual: [T, D] bf16, what the attention output adds to;
-    rope_rows: (cos, signed sin) [T, Dh] bf16; the rows' k and v go to slots write_start .. write_start + T - 1
-    of ``cache`` (one layer, one sequence). Returns [T, D] bf16, the layer's output before any final norm.
+    attn_in: [T, D_in] bf16 or float32 (the head's dtype), what q/k/v read; residual: [T, D], what the attention
+    output adds to; rope_rows: (cos, signed sin) [T, Dh] in that dtype; the rows' k and v go to slots
+    write_start .. write_start + T - 1 of ``cache`` (one layer, one sequence, float32). Returns [T, D] in the head's
+    dtype, the layer's output before any final norm.
     """
     t = attn_in.shape[0]
     if t > FAST_ROWS:

@@ -80,13 +80,15 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, la
 
 
 def fused_path_attend(qkv: torch.Tensor, rope, cache: KVCache, layer: int, meta: AttnMeta) -> torch.Tensor | None:
-    """Exact mode, one sequence, the compiled path kernel: qkv [1, N, H + 2 Hk, Dh] bf16 (the fused projection,
-    before RoPE) -> [1, N, H, Dh] float32 through ``eyas/kernels/layer_ops.cpp`` (RoPE, cache write, q in
-    float32: the bits of ``Rope.apply`` + ``path_attend``) and the path kernel. None where it does not serve
-    (fast mode, batches, no kernel, not bf16 on a CPU): the caller takes the op-by-op path.
+    """Exact mode, one sequence, the compiled path kernel: qkv [1, N, H + 2 Hk, Dh] bf16 or float32 (the fused
+    projection, before RoPE) -> [1, N, H, Dh] float32 through ``eyas/kernels/layer_ops.cpp`` (RoPE, cache write, q
+    in float32: the bits of ``Rope.apply`` + ``path_attend``) and the path kernel. None where it does not serve
+    (fast mode, batches, no kernel, another dtype, not on a CPU): the caller takes the op-by-op path.
     """
     paths = meta.paths
-    if paths is None or len(paths) != 1 or paths[0].kernel is None or qkv.dtype != torch.bfloat16:
+    if paths is None or len(paths) != 1 or paths[0].kernel is None or qkv.dtype not in (torch.bfloat16, torch.float32):
+        return None
+    if qkv.dtype == torch.float32 and cache.k.dtype != torch.float32:
         return None
     if qkv.device.type != "cpu" or qkv.shape[1] != paths[0].order.shape[0]:
         return None

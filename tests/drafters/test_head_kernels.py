@@ -1,5 +1,6 @@
 """The draft head's layer on the compiled CPU kernels (eyas.drafters.head_kernels): the same layer as the torch
-path up to bf16 rounding, the attention pattern ``HeadPaths`` describes, and used where it serves."""
+path up to rounding (bf16 or float32 heads), the attention pattern ``HeadPaths`` describes, and used where it
+serves."""
 
 from __future__ import annotations
 
@@ -13,10 +14,16 @@ from eyas.drafters.head_kernels import HeadPaths
 from eyas.models.base import causal_mask
 
 GGUF = kernels.gguf_bf16()
+GGUF_F32 = kernels.gguf_f32()
+_OTHERS = kernels.layer_ops() is not None and kernels.path_attention() is not None
 needs_kernels = pytest.mark.skipif(
-    GGUF is None or not GGUF.available() or kernels.layer_ops() is None or kernels.path_attention() is None,
-    reason="needs the compiled kernels on a CPU with AVX512-BF16",
+    GGUF is None or not GGUF.available() or not _OTHERS, reason="needs the compiled kernels on a CPU with AVX512-BF16"
 )
+needs_f32_kernels = pytest.mark.skipif(
+    GGUF_F32 is None or not GGUF_F32.available() or not _OTHERS, reason="needs the compiled float32 kernels (AVX2)"
+)
+DTYPES = (pytest.param(torch.bfloat16, marks=needs_kernels, id="bf16"),
+          pytest.param(torch.float32, marks=needs_f32_kernels, id="f32"))
 
 
 def test_head_paths_causal() -> None:
@@ -50,36 +57,42 @@ def test_frontier_and_feed_hand_the_same_attended_entries_as_their_masks() -> No
         assert levels >= 2
 
 
-def _drafter(tiny, kind: str = "eagle3"):
-    target = tiny.native("llama", seed=0).to(torch.bfloat16)
+def _drafter(tiny, kind: str = "eagle3", dtype: torch.dtype = torch.bfloat16):
+    target = tiny.native("llama", seed=0).to(dtype)
     if kind == "eagle":
         return EagleDrafter(target_model=target, head=random_head(target.config, seed=3), tree="dynamic:2,3,4")
     head = random_eagle3_head(target.config, draft_vocab_size=128, seed=3)
     return Eagle3Drafter(target_model=target, head=head, tree="dynamic:2,3,4")
 
 
-@needs_kernels
-def test_drafters_take_the_fast_layer_for_a_bf16_head(tiny) -> None:
-    assert _drafter(tiny).fast
-    target = tiny.native("llama", seed=0).to(torch.bfloat16)
-    assert EagleDrafter(target_model=target, head=random_head(target.config, seed=3), tree="dynamic:2,3,4").fast
-    assert not EagleDrafter(target_model=tiny.native("llama", seed=0), head=random_head(target.config)).fast  # fp32
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_drafters_take_the_fast_layer(tiny, dtype, monkeypatch) -> None:
+    assert _drafter(tiny, dtype=dtype).fast
+    assert _drafter(tiny, "eagle", dtype).fast
+    monkeypatch.setenv("EYAS_HEAD_FAST", "0")
+    assert not _drafter(tiny, dtype=dtype).fast and not _drafter(tiny, "eagle", dtype).fast
 
 
-@needs_kernels
+@needs_f32_kernels
+def test_an_unquantised_head_keeps_the_torch_layer(tiny, monkeypatch) -> None:
+    monkeypatch.setenv("EYAS_HEAD_Q8", "0")  # no blocks, nothing to fuse
+    assert not _drafter(tiny, dtype=torch.float32).fast
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ("eagle3", "eagle"))
 @pytest.mark.parametrize("case", ("extend", "tree"))
-def test_fast_forward_equals_the_torch_layer(tiny, case, kind) -> None:
+def test_fast_forward_equals_the_torch_layer(tiny, case, kind, dtype) -> None:
     """Same weights (the fused Q8_0 blocks are the per-projection blocks), same attention pattern: outputs and
-    the cached keys/values agree to bf16 rounding (RoPE rounds once instead of three times, and the kernel sums
-    in another order)."""
-    d = _drafter(tiny, kind)
+    the cached keys/values agree to rounding (in bf16 RoPE rounds once instead of three times, and the kernels sum
+    in another order; in float32 to float32 rounding: the kernels sum in another order)."""
+    d = _drafter(tiny, kind, dtype)
     assert d.fast
     h, cfg = d.head, d.head.config
     g = torch.Generator().manual_seed(0)
     n, t = 9, 3  # committed slots, new rows
-    emb = torch.randn(t, cfg.hidden_size, generator=g).bfloat16()
-    hid = torch.randn(t, cfg.hidden_size, generator=g).bfloat16()
+    emb = torch.randn(t, cfg.hidden_size, generator=g).to(dtype)
+    hid = torch.randn(t, cfg.hidden_size, generator=g).to(dtype)
     prefix_k = torch.randn(cfg.num_kv_heads, n + 3, cfg.head_dim, generator=g)
     if case == "extend":  # rows at positions n .. n + 2, causal
         pos, paths = torch.arange(n, n + t), HeadPaths.causal(n, t)
@@ -103,7 +116,11 @@ def test_fast_forward_equals_the_torch_layer(tiny, case, kind) -> None:
                 outs.append(h(emb[None], hid[None], pos[None], cache, write, mask)[0])
         caches.append((cache.k[0, 0, :, write : write + t].clone(), cache.v[0, 0, :, write : write + t].clone()))
     ref, got = outs[0].float(), outs[1].float()
-    assert got.shape == ref.shape
+    assert got.dtype == ref.dtype and got.shape == ref.shape
+    if dtype == torch.float32:
+        for x, y in ((got, ref), *zip(caches[1], caches[0], strict=True)):
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5 * y.abs().max().item())
+        return
     assert (got - ref).abs().max() <= 0.05 * ref.abs().max()
     torch.testing.assert_close(caches[1][1], caches[0][1])  # v: the projection's values, no RoPE
     assert (caches[1][0] - caches[0][0]).abs().max() <= 0.02 * caches[0][0].abs().max()

@@ -2,7 +2,7 @@
 
 It replaces torch ops in exact mode's decode and verify forwards, so it must give their bits exactly: the
 rotated q, and the k and v it writes into the float32 cache, equal ``Rope.apply`` + ``KVCache.update``'s; a
-whole bf16 verify forward gives the same logits and cache with it and without it.
+whole exact-mode verify forward (bf16 or float32) gives the same logits and cache with it and without it.
 """
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ OPS = kernels.layer_ops()
 pytestmark = pytest.mark.skipif(OPS is None, reason="no C++ toolchain for eyas/kernels/layer_ops.cpp")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("h,hk,dh,n", [(9, 3, 64, 1), (9, 3, 64, 5), (4, 2, 16, 3), (16, 8, 128, 2)])
-def test_rope_cache_gives_torchs_bits(h, hk, dh, n):
+def test_rope_cache_gives_torchs_bits(h, hk, dh, n, dtype):
     g = torch.Generator().manual_seed(dh + n)
-    qkv = (torch.randn(1, n, h + 2 * hk, dh, generator=g) * 3).to(torch.bfloat16)
+    qkv = (torch.randn(1, n, h + 2 * hk, dh, generator=g) * 3).to(dtype)
     start = 37
     positions = torch.arange(start, start + n)[None]
-    rope = Rope(rope_table(1.0 / 10000 ** (torch.arange(0, dh, 2).float() / dh), 100), positions, torch.bfloat16)
+    rope = Rope(rope_table(1.0 / 10000 ** (torch.arange(0, dh, 2).float() / dh), 100), positions, dtype)
     ref = rope.apply(qkv[:, :, : h + hk])  # [1, N, H + Hk, Dh]
     kc, vc = torch.full((hk, 64, dh), 7.0), torch.full((hk, 64, dh), 7.0)
     cos, sin = rope.rows
@@ -40,9 +41,10 @@ def test_rope_cache_gives_torchs_bits(h, hk, dh, n):
         OPS.rope_cache(qkv[0], cos, sin, kc, vc, 64 - n + 1, h)
 
 
-def test_a_bf16_verify_forward_is_the_same_with_and_without_it(tiny, monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_an_exact_verify_forward_is_the_same_with_and_without_it(tiny, monkeypatch, dtype):
     target = tiny.native("llama", seed=3, hidden_size=256, intermediate_size=512, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=64).to(torch.bfloat16)
+                         num_key_value_heads=2, head_dim=64).to(dtype)
     if target.path_kernel() is None:
         pytest.skip("the compiled tree attention is unavailable here")
     prompt = tiny.tokens(70, seed=2)[0]
@@ -66,6 +68,16 @@ def test_a_bf16_verify_forward_is_the_same_with_and_without_it(tiny, monkeypatch
     assert [c[0] for c in calls] == [70] * target.config.num_layers + [5] * target.config.num_layers
     for a, b in zip(runs[0], runs[1], strict=True):
         assert torch.equal(a, b)
+
+
+def test_rope_cache_refuses_mixed_dtypes():
+    h, hk, dh, n = 4, 2, 16, 2
+    qkv = torch.randn(n, h + 2 * hk, dh)
+    cos = sin = torch.randn(n, dh)
+    with pytest.raises(RuntimeError, match="in qkv's dtype"):
+        OPS.rope_cache(qkv, cos.bfloat16(), sin.bfloat16(), torch.zeros(hk, 8, dh), torch.zeros(hk, 8, dh), 0, h)
+    with pytest.raises(RuntimeError, match="float32 qkv writes a float32 cache"):
+        OPS.rope_cache(qkv, cos, sin, torch.zeros(hk, 8, dh).bfloat16(), torch.zeros(hk, 8, dh).bfloat16(), 0, h)
 
 
 def test_rope_cache_writes_a_bf16_cache_with_the_same_values():
