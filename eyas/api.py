@@ -22,6 +22,7 @@ from eyas.batch import BatchDecoder
 from eyas.decode import DecodeConfig, SpecDecoder, StepEvent
 from eyas.detok import Detokenizer
 from eyas.drafters.loading import DrafterSpec, build_drafter
+from eyas.models.exact import exact_by_default
 from eyas.models.loading import LoadedTarget, load_target
 from eyas.policy import PolicyConfig, SpecPolicy
 from eyas.types import RequestSettings, SamplingParams, mean_accepted
@@ -75,9 +76,8 @@ class Speculator:
         self.tokenizer = target.tokenizer
         self.drafter_spec = drafter_spec
         self.drafter = build_drafter(drafter_spec, target)
-        # exact (batch-invariant) verification is on by default below fp32, where a token's
-        # logits otherwise depend on how many tokens share its forward
-        self.exact = exact if exact is not None else target.model.dtype != torch.float32
+        # exact (batch-invariant) verification: on by default below fp32, and in float32 where it is the faster mode
+        self.exact = exact if exact is not None else exact_by_default(target.model)
         if self.exact and hasattr(target.model, "prepare_exact"):
             target.model.prepare_exact()  # row-floor probes at load, not inside the first timed generation
         self.tree_choice = None  # eyas.autotree's TreeChoice when load() sized the tree to this machine
@@ -202,7 +202,8 @@ def load(
 ) -> Speculator:
     """Load a target (embedded default when ``model`` is None) and a drafter by name or path.
 
-    ``exact=None`` turns batch-invariant verification on for bfloat16/float16 and off for float32.
+    ``exact=None`` turns batch-invariant verification on for bfloat16/float16, and for float32 where it is the
+    faster mode (eyas.models.exact.exact_by_default: a GGUF target's blocks on a CPU); fast mode elsewhere.
     ``quantize="int8"``: weight-only int8 target (changes its outputs; speculation stays lossless w.r.t. it).
     """
     target = load_target(model, dtype, backend, quantize, device)

@@ -40,6 +40,7 @@ from eyas.drafters.loading import DrafterSpec, default_drafter_name, detect_kind
 from eyas.formats.eagle3 import load_eagle3
 from eyas.models import gguf_tuning
 from eyas.models.cpu import cpu_name
+from eyas.models.exact import exact_by_default
 from eyas.models.loading import LoadedTarget, cache_root
 from eyas.models.packed import packed_weights, skinny_gemm_ready
 from eyas.tree import make_tree
@@ -258,7 +259,7 @@ def size_tree_for(target: LoadedTarget, spec: DrafterSpec, exact: bool | None = 
     """The tree to use for ``spec`` on this machine, or None to keep the spec as it is.
 
     None when --tree was given (it overrides), when ``EYAS_AUTO_TREE=0``, or when the drafter is
-    not an EAGLE-3 head with a ``profile.json``. ``exact``: None = eyas.load's default (on below fp32).
+    not an EAGLE-3 head with a ``profile.json``. ``exact``: None = eyas.load's default (``exact_by_default``).
     """
     if spec.tree is not None or os.environ.get("EYAS_AUTO_TREE", "1") == "0":
         return None
@@ -266,7 +267,7 @@ def size_tree_for(target: LoadedTarget, spec: DrafterSpec, exact: bool | None = 
     profile = load_profile(head_dir) if head_dir is not None else None
     if profile is None:
         return None
-    exact = target.model.dtype != torch.float32 if exact is None else exact
+    exact = exact_by_default(target.model) if exact is None else exact
     name = default_drafter_name(target) if spec.name == "default" else spec.name
     cost, draft = machine_costs(target, head_dir, exact, hybrid=name == "hybrid")  # timed as it will run
     # lookup's extra tau (profile.json) for an explicit --drafter hybrid only; for the shipped head it is small

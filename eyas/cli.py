@@ -50,8 +50,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "respect to the int8 model")
     p.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
                    help="batch-invariant verification: every target forward gets one width and key length, "
-                        "so bf16 output equals plain decoding token for token (default: on for bfloat16, "
-                        "off for float32; --no-exact is faster but bf16 output may drift; see docs)")
+                        "so bf16 output equals plain decoding token for token (default: on for bfloat16, and for "
+                        "float32 where it is the faster mode (a GGUF target on a CPU); off otherwise; with "
+                        "--no-exact bf16 output may drift; see docs)")
     p.add_argument("--typical", action="store_true",
                    help="Medusa typical acceptance (posterior_threshold/alpha). " + LOSSY_NOTE)
     p.add_argument("--posterior-threshold", type=float, default=0.09)

@@ -262,7 +262,10 @@ def test_embedded_default_with_the_shipped_head_equals_plain(default_target, dty
 
     spec = eyas.load(drafter="hybrid", dtype=dtype, tree="dynamic:4,3,4", budget=8)
     assert isinstance(spec.drafter, HybridDrafter) and spec.drafter.max_nodes == 8
-    assert spec.exact == (dtype == "bfloat16")
+    # exact mode: always in bf16; in float32 where the GGUF blocks and the compiled kernels make it the faster mode
+    from eyas import kernels
+    assert spec.exact == (dtype == "bfloat16" or (kernels.LAYER_OPS() is not None
+                                                  and spec.target.model.path_kernel() is not None))
     taus = []
     for q in PROMPTS:
         ref = spec.generate(q, max_new_tokens=40, speculate=False)

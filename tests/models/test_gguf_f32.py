@@ -139,6 +139,26 @@ def test_embedded_default_float32_speculative_equals_plain_on_the_blocks(default
     assert dense.token_ids == plain.token_ids
 
 
+def test_exact_mode_is_the_float32_default_only_where_every_projection_reads_blocks(default_target, tiny):
+    """In float32 exact mode is on by default where it is the faster mode: every projection on the row-invariant
+    block kernel, the compiled tree attention and layer step there; a dense float32 model stays in fast mode."""
+    from eyas import kernels
+    from eyas.models.exact import exact_by_default
+
+    model = default_target.model
+    ready = model.path_kernel() is not None and kernels.LAYER_OPS() is not None
+    assert exact_by_default(model) == ready
+    down = model.model.layers[3].mlp.down_proj
+    held = down.__dict__.pop("_eyas_blocks")
+    try:
+        assert not exact_by_default(model)  # one projection on the dense weight: exact mode would pad it
+    finally:
+        down.__dict__["_eyas_blocks"] = held
+    small = tiny.native("llama", seed=0)
+    assert not exact_by_default(small)
+    assert exact_by_default(small.to(torch.bfloat16))
+
+
 def test_a_float32_heads_projections_become_q8_0_blocks_with_matching_dense_weights(monkeypatch):
     head = nn.Sequential(nn.Linear(576, 96, bias=False), nn.Linear(96, 64, bias=True), nn.Linear(40, 8))
     head = head.requires_grad_(False)
