@@ -147,18 +147,35 @@ def _build(name: str, what: str, env: str, flags: list[str]):
 
     source = _HERE / f"{name}.cpp"
     out = _build_dir(source, flags)
-    fresh = not any(out.glob("*.so"))
     _ninja_on_path()
     try:
         out.mkdir(parents=True, exist_ok=True)
-        if fresh:
+        copy = _stable_copy(source, out)
+        ninja = out / "build.ninja"
+        if not any(out.glob("*.so")) or not ninja.exists() or str(copy) not in ninja.read_text():
             print(f"eyas: compiling {what} for this CPU (once, ~30 s)", file=sys.stderr)
-        return load(f"eyas_{name}", [str(source)], extra_cflags=_FLAGS + flags, extra_ldflags=_LDFLAGS,
+        return load(f"eyas_{name}", [str(copy)], extra_cflags=_FLAGS + flags, extra_ldflags=_LDFLAGS,
                     build_directory=str(out), verbose=False)
     except Exception as e:  # no compiler, no ninja, a failed build: callers keep their PyTorch path
         warnings.warn(f"eyas: {what} unavailable ({type(e).__name__}: {str(e)[:200]}); using the slower PyTorch "
                       f"path (set {env}=0 to skip the build)", stacklevel=3)
         return None
+
+
+def _stable_copy(source: Path, out: Path) -> Path:
+    """The source and the headers it includes, copied once into its build directory (keyed by their content): the
+    build always names the same path, so another checkout or the installed copy of the same sources reuses the
+    compiled module instead of rebuilding it (ninja rebuilds when a source's path or time changes), silently.
+    """
+    src = out / "src"
+    src.mkdir(exist_ok=True)
+    for f in [source, *sorted(_HERE.glob("*.h"))]:
+        dst = src / f.name
+        if not dst.exists():  # the content is the directory's key: an existing copy is this one
+            tmp = src / f"{f.name}.{os.getpid()}.tmp"
+            shutil.copyfile(f, tmp)
+            os.replace(tmp, dst)
+    return src / source.name
 
 
 def _ninja_on_path() -> None:
