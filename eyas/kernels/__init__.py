@@ -42,8 +42,9 @@ def _build_dir(source: Path, flags: list[str] = ()) -> Path:
     from eyas.models.loading import cache_root
 
     headers = b"".join(h.read_bytes() for h in sorted(_HERE.glob("*.h")))  # included by the sources
-    key = (f"{cpu_name()}|{sorted(cpu_flags())}|{torch.__version__}|{sys.version_info[:2]}|{_FLAGS + list(flags)}|"
-           f"{source.read_bytes()!r}|{headers!r}")
+    # the torch install too: a build names its headers' paths, so another environment's build would be rebuilt
+    key = (f"{cpu_name()}|{sorted(cpu_flags())}|{torch.__version__}|{Path(torch.__file__).parent}|"
+           f"{sys.version_info[:2]}|{_FLAGS + list(flags)}|{source.read_bytes()!r}|{headers!r}")
     return cache_root() / "kernels" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -163,9 +164,10 @@ def _build(name: str, what: str, env: str, flags: list[str]):
 
 
 def _stable_copy(source: Path, out: Path) -> Path:
-    """The source and the headers it includes, copied once into its build directory (keyed by their content): the
-    build always names the same path, so another checkout or the installed copy of the same sources reuses the
-    compiled module instead of rebuilding it (ninja rebuilds when a source's path or time changes), silently.
+    """The source and the headers it includes, copied once into its build directory (keyed by their content and the
+    torch install): the build always names the same path, so another checkout or the installed copy of the same
+    sources reuses the compiled module instead of rebuilding it (ninja rebuilds, silently, when a source's path or
+    time changes).
     """
     src = out / "src"
     src.mkdir(exist_ok=True)
