@@ -1,0 +1,28 @@
+"""Where the compiled kernels are built: a directory keyed by the sources' content, the CPU and the torch install,
+holding its own copy of the sources, so that another checkout (or the installed copy) of the same sources reuses
+the build instead of having ninja rebuild it for a new source path."""
+
+from __future__ import annotations
+
+import os
+
+from eyas import kernels
+
+
+def test_the_build_compiles_its_own_copy_of_the_sources(tmp_path):
+    source = kernels._HERE / "gguf_f32.cpp"
+    copy = kernels._stable_copy(source, tmp_path)
+    assert copy == tmp_path / "src" / "gguf_f32.cpp"
+    assert copy.read_bytes() == source.read_bytes()
+    for header in kernels._HERE.glob("*.h"):  # included by name, beside the source
+        assert (tmp_path / "src" / header.name).read_bytes() == header.read_bytes()
+    os.utime(copy, (1, 1))
+    assert kernels._stable_copy(source, tmp_path) == copy and copy.stat().st_mtime == 1  # not rewritten: no rebuild
+
+
+def test_the_build_directory_is_keyed_by_the_source_and_flags():
+    source = kernels._HERE / "layer_ops.cpp"
+    here = kernels._build_dir(source, ["-ffp-contract=off"])
+    assert here == kernels._build_dir(source, ["-ffp-contract=off"])
+    assert here != kernels._build_dir(source, [])
+    assert here != kernels._build_dir(kernels._HERE / "rms_norm.cpp", ["-ffp-contract=off"])
