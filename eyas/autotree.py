@@ -43,6 +43,7 @@ from eyas.models.cpu import cpu_name
 from eyas.models.exact import exact_by_default
 from eyas.models.loading import LoadedTarget, cache_root
 from eyas.models.packed import packed_weights, skinny_gemm_ready
+from eyas.notes import one_time_note
 from eyas.tree import make_tree
 from eyas.tree.sizing import (
     ADAPTIVE_MAX_TOTAL,
@@ -200,8 +201,7 @@ def machine_costs(target: LoadedTarget, head_dir: Path, exact: bool, hybrid: boo
     if path.exists():
         d = json.loads(path.read_text())
         return {int(w): s for w, s in d["step_seconds"].items()}, DraftCost(**d["draft"])
-    print(f"eyas: sizing the draft tree to this machine: timing verify steps by width once (cached in {path})",
-          file=sys.stderr)
+    one_time_note("sizing the draft tree to this machine: timing verify steps by width", f"cached in {path}")
     cost = measure_step_costs(target.model, exact)
     head = load_eagle3(head_dir, target.model.config, target.model.dtype)
     draft = measure_draft_cost(head, target.model, exact, hybrid=hybrid)

@@ -54,15 +54,12 @@ _KINDS = {
 }
 
 
-# eyas's one-time notes on stderr: a kernel compiled, the block kernel's options or the draft tree's step costs timed
-# on a machine's first use (cached in $EYAS_CACHE after). Whether one appears depends on the cache, not on the command
-# a test runs, so tests that check stderr's lines drop them first.
-ONE_TIME_NOTES = ("eyas: compiling ", "eyas: timing the bf16 block kernel", "eyas: sizing the draft tree")
-
-
 def stderr_lines(err: str) -> list[str]:
-    """stderr's non-empty lines, less eyas's one-time notes (``ONE_TIME_NOTES``)."""
-    return [ln for ln in err.strip().splitlines() if ln.strip() and not ln.startswith(ONE_TIME_NOTES)]
+    """stderr's non-empty lines, less eyas's one-time notes (eyas.notes: a kernel compiled, an option or the draft
+    tree's step costs timed on a machine's first use; whether one appears depends on the cache, not the command)."""
+    from eyas.notes import is_one_time_note
+
+    return [ln for ln in err.strip().splitlines() if ln.strip() and not is_one_time_note(ln)]
 
 
 # ---- GGUF blocks (tests/models/test_gguf_blocks.py, test_gguf_f32.py) ------------------------------------------------

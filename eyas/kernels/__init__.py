@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from eyas.notes import one_time_note
+
 _HERE = Path(__file__).parent
 # -fopenmp: at::parallel_for is a header template, compiled into this module; without OpenMP its tasks run on
 # one thread
@@ -154,7 +156,7 @@ def _build(name: str, what: str, env: str, flags: list[str]):
         copy = _stable_copy(source, out)
         ninja = out / "build.ninja"
         if not any(out.glob("*.so")) or not ninja.exists() or str(copy) not in ninja.read_text():
-            print(f"eyas: compiling {what} for this CPU (once, ~30 s)", file=sys.stderr)
+            one_time_note(f"compiling {what} for this CPU", "~30 s")
         return load(f"eyas_{name}", [str(copy)], extra_cflags=_FLAGS + flags, extra_ldflags=_LDFLAGS,
                     build_directory=str(out), verbose=False)
     except Exception as e:  # no compiler, no ninja, a failed build: callers keep their PyTorch path

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from torch import nn
 from eyas import kernels
 from eyas.models.cpu import cpu_flags, cpu_name
 from eyas.models.gguf_blocks import block_kernel
+from eyas.notes import one_time_note
 
 ROWS = (2, 3, 4)  # rows timed: the verify widths adaptive trees use most
 PICK_VERSION = 2  # in the cache key: choices made by an earlier rule are timed again
@@ -111,7 +111,7 @@ def tune_block_kernel(model: nn.Module, cache_dir: Path | None = None, kernel=No
     path = cache_dir / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]}.json"
     if path.exists():
         return apply(kernel, KernelTuning(**json.loads(path.read_text())["choice"]))
-    print("eyas: timing the bf16 block kernel's options on this CPU (once, ~3 s)", file=sys.stderr)
+    one_time_note("timing the bf16 block kernel's options on this CPU", "~3 s")
     seconds = time_settings(kernel, blocks)
     choice = pick(seconds)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,7 @@
 """Where the compiled kernels are built: a directory keyed by the sources' content, the CPU and the torch install,
 holding its own copy of the sources, so that another checkout (or the installed copy) of the same sources reuses
-the build instead of having ninja rebuild it for a new source path."""
+the build instead of having ninja rebuild it for a new source path; and the one-time notes builds and timings print.
+"""
 
 from __future__ import annotations
 
@@ -26,3 +27,15 @@ def test_the_build_directory_is_keyed_by_the_source_and_flags():
     assert here == kernels._build_dir(source, ["-ffp-contract=off"])
     assert here != kernels._build_dir(source, [])
     assert here != kernels._build_dir(kernels._HERE / "rms_norm.cpp", ["-ffp-contract=off"])
+
+
+def test_one_time_notes_are_told_apart_from_other_stderr_lines(capsys):
+    from eyas.notes import is_one_time_note, one_time_note
+
+    one_time_note("compiling the decode-layer kernel for this CPU", "~30 s")
+    one_time_note("sizing the draft tree to this machine: timing verify steps by width", "cached in /tmp/x.json")
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "eyas: compiling the decode-layer kernel for this CPU (once, ~30 s)"
+    assert all(is_one_time_note(ln) for ln in lines)
+    assert not is_one_time_note("eyas: error: model path '/x' does not exist (expected a directory, a .gguf file)")
+    assert not is_one_time_note("warning: something happened once, then again")
