@@ -39,11 +39,16 @@ _lock = threading.Lock()
 _loaded: dict[str, object] = {}
 
 
+def _headers() -> list[Path]:
+    """The headers the sources include (by name, from beside them)."""
+    return sorted(_HERE.glob("*.h"))
+
+
 def _build_dir(source: Path, flags: list[str] = ()) -> Path:
     from eyas.models.cpu import cpu_flags, cpu_name
     from eyas.models.loading import cache_root
 
-    headers = b"".join(h.read_bytes() for h in sorted(_HERE.glob("*.h")))  # included by the sources
+    headers = b"".join(h.read_bytes() for h in _headers())
     # the torch install too: a build names its headers' paths, so another environment's build would be rebuilt
     key = (f"{cpu_name()}|{sorted(cpu_flags())}|{torch.__version__}|{Path(torch.__file__).parent}|"
            f"{sys.version_info[:2]}|{_FLAGS + list(flags)}|{source.read_bytes()!r}|{headers!r}")
@@ -173,7 +178,7 @@ def _stable_copy(source: Path, out: Path) -> Path:
     """
     src = out / "src"
     src.mkdir(exist_ok=True)
-    for f in [source, *sorted(_HERE.glob("*.h"))]:
+    for f in [source, *_headers()]:
         dst = src / f.name
         if not dst.exists():  # the content is the directory's key: an existing copy is this one
             tmp = src / f"{f.name}.{os.getpid()}.tmp"

@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -45,7 +46,6 @@ inline void rope_head(const T* x, const T* cs, const T* sn, int64_t dh, T* out) 
 template <typename T>
 inline void put(float* dst, T x) { *dst = f(x); }
 inline void put(c10::BFloat16* dst, c10::BFloat16 x) { *dst = x; }
-inline void put(c10::BFloat16* dst, float x) { *dst = c10::BFloat16(x); }  // (rope_cache refuses it: a rounding)
 
 template <typename T, typename C>
 void rope_rows(const T* src, int64_t rs, const T* cp, const T* sp, int64_t n, int64_t h, int64_t hk, int64_t dh,
@@ -83,7 +83,7 @@ void rope_into(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::
   if (k_cache.scalar_type() == at::kFloat)
     rope_rows(src, rs, cp, sp, n, h, hk, dh, q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
               ks0, ks1, vs0, vs1, start);
-  else
+  else if constexpr (std::is_same_v<T, c10::BFloat16>)  // a bf16 cache takes bf16 rows only (rope_cache checks)
     rope_rows(src, rs, cp, sp, n, h, hk, dh, q.data_ptr<float>(), k_cache.data_ptr<c10::BFloat16>(),
               v_cache.data_ptr<c10::BFloat16>(), ks0, ks1, vs0, vs1, start);
 }

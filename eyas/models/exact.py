@@ -103,20 +103,20 @@ def exact_by_default(model: nn.Module) -> bool:
     """Whether ``--exact`` is on when not given: always below fp32 (a token's logits otherwise depend on how many
     tokens share its forward); in float32 where exact mode is also the faster one: a CPU model whose projections
     read GGUF blocks (the row-invariant float32 block kernel) with the compiled tree attention and layer step.
-    Measured on the Ice Lake VM (docs/benchmarks.md): plain decoding 1.15-1.24x, speculative 1.12-1.25x fast mode's.
-    Elsewhere float32 exact mode pads its dense GEMMs and runs slower, so fast mode stays the default.
+    Measured on the Ice Lake VM (docs/benchmarks.md): plain decoding 1.15-1.24x, speculative 1.12-1.52x fast mode's.
+    Elsewhere float32 exact mode pads its dense GEMMs and runs slower, so fast mode stays the default. The blocks
+    are checked first: a dense model never builds the kernels just to be told no.
     """
     if model.dtype != torch.float32:
         return True
-    on_cpu = getattr(model, "device", torch.device("cpu")).type == "cpu"
-    if not on_cpu or getattr(model, "path_kernel", lambda: None)() is None:
+    if getattr(model, "device", torch.device("cpu")).type != "cpu":
+        return False
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if not linears or not all("_eyas_blocks" in m.__dict__ for m in linears):
         return False
     from eyas import kernels
 
-    if kernels.LAYER_OPS() is None:
-        return False
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    return bool(linears) and all("_eyas_blocks" in m.__dict__ for m in linears)
+    return getattr(model, "path_kernel", lambda: None)() is not None and kernels.LAYER_OPS() is not None
 
 
 def _cpu_model() -> str:
