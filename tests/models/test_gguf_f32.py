@@ -52,7 +52,7 @@ def test_linear_is_the_streaming_kernel_on_the_dense_weight_bit_for_bit(qtype, n
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        for m in (1, 2, 3, 4, 5, 7, 9, 16, 32):  # every register-block shape, and row invariance across them
+        for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 32):  # every register-block shape, and row invariance across them
             for b in (NONE, bias):
                 got, want = KERNEL.linear(x[:m], raw, TYPES[qtype], b), SKINNY.linear(x[:m], weight, b)
                 assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (m, b.numel())
