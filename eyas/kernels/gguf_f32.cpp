@@ -122,12 +122,13 @@ inline void dequant_block16(const uint8_t* blk, int64_t qtype, __m512& lo, __m51
 }
 
 // Input rows per pass over a group's dequantised pairs: 8 takes 2 * 8 accumulators + 2 weights + 1 input of the 32
-// registers, so a verify tree of 5-8 nodes multiplies in one pass (1.6-2 ms a token less than two passes of 4 over
+// registers, so a verify tree of 5-8 nodes multiplies in one pass (1.6-2 ms a forward less than two passes of 4 over
 // SmolLM2-135M's blocks, Ice Lake VM); a row's sums do not depend on it (-DEYAS_F32_MR_MAX=4 builds the old kernel).
 #ifndef EYAS_F32_MR_MAX
 #define EYAS_F32_MR_MAX 8
 #endif
 constexpr int MR_MAX = EYAS_F32_MR_MAX;
+static_assert(MR_MAX >= 1 && MR_MAX <= 8, "EYAS_F32_MR_MAX: 1 to 8 (group's switch)");
 
 // rows x[0 .. MR) against the group's pairs (pairs[p], 2k floats each); out[i * ldo + j] for j < 4
 template <int MR>
