@@ -34,6 +34,7 @@ import torch
 from eyas import kernels
 from eyas.decode import DecodeConfig, SpecDecoder
 from eyas.drafters.base import Drafter
+from eyas.drafters.eagle import head_compute_dtype
 from eyas.drafters.eagle3 import Eagle3Drafter
 from eyas.drafters.hybrid import HybridDrafter
 from eyas.drafters.loading import DrafterSpec, default_drafter_name, detect_kind, shipped_head
@@ -41,6 +42,7 @@ from eyas.formats.eagle3 import load_eagle3
 from eyas.models import gguf_tuning
 from eyas.models.cpu import cpu_name
 from eyas.models.exact import exact_by_default
+from eyas.models.int8_rows import int8_head_ready
 from eyas.models.loading import LoadedTarget, cache_root
 from eyas.models.packed import packed_weights, skinny_gemm_ready
 from eyas.notes import one_time_note
@@ -186,6 +188,8 @@ def machine_key(target: LoadedTarget, head_dir: Path, exact: bool) -> dict:
             "gguf_tuning": asdict(gguf_tuning.active()),  # the block kernel's per-CPU choices (eyas.models.gguf_tuning)
             # the compiled kernels' sources (a faster kernel changes the costs) and the head's Q8_0 weights
             "kernels": kernels.sources_digest(), "head_q8": os.environ.get("EYAS_HEAD_Q8", "1") != "0",
+            # the head's int8 projections (eyas.models.int8_rows): a tree level costs about half
+            "head_int8": target.model.device.type == "cpu" and int8_head_ready(head_compute_dtype(target.model)),
             # int8 projections cost differently by width (eyas.models.quant): a separate table
             "quantized": sorted({type(m).__name__ for m in target.model.modules() if hasattr(m, "scales")})}
 

@@ -8,6 +8,9 @@ speed relative to the first. Use the shipped head first; a head whose function e
 
 python scripts/tune_questions.py --out /tmp/tune.jsonl
 python scripts/head_ab.py --questions /tmp/tune.jsonl --limit 16 eyas/heads/smollm2-135m-instruct-eagle3 /tmp/other
+# one head under two kernel settings: the first arm as the environment says, the second with --later-env set
+EYAS_HEAD_INT8=0 python scripts/head_ab.py --questions /tmp/tune.jsonl --limit 24 --dtype float32 \
+    --later-env EYAS_HEAD_INT8=auto eyas/heads/smollm2-135m-instruct-eagle3 eyas/heads/smollm2-135m-instruct-eagle3
 """
 
 from __future__ import annotations
@@ -54,12 +57,17 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--tree", default=None, help="default: the tree eyas sizes for the first head")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--later-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="set while loading every head after the first (compare kernel settings on one head)")
     a = ap.parse_args()
+    import os
+
     import eyas
 
     qs = [json.loads(line)["turns"][0] for line in open(a.questions)][: a.limit]
     first = eyas.load(dtype=a.dtype, drafter="hybrid", head=a.heads[0], tree=a.tree)
     tree = first.drafter_spec.tree
+    os.environ.update(dict(kv.split("=", 1) for kv in a.later_env))
     specs = [first] + [eyas.load(dtype=a.dtype, drafter="hybrid", head=h, tree=tree) for h in a.heads[1:]]
     print(f"tree {tree}")
     for s in specs:  # warm-up: kernels built, caches sized

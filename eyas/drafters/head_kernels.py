@@ -31,7 +31,7 @@ from torch import nn
 
 from eyas import kernels
 from eyas.kv.static import KVCache
-from eyas.models.gguf_blocks import FAST_ROWS, GGUFBlocks
+from eyas.models.gguf_blocks import FAST_ROWS
 from eyas.models.layers import rms_norm
 
 
@@ -80,10 +80,9 @@ def fuse_head_blocks_(head: nn.Module) -> int:
             continue
         if len({p.weight.dtype for p in parts}) != 1:
             continue
-        if len({(b.qtype, b.k) for b in blocks}) != 1:
+        if len({(type(b), getattr(b, "qtype", None), b.k) for b in blocks}) != 1:
             continue
-        data = torch.cat([b.data for b in blocks])
-        mod.__dict__["_eyas_fused"] = GGUFBlocks(data=data, qtype=blocks[0].qtype, k=blocks[0].k)
+        mod.__dict__["_eyas_fused"] = type(blocks[0]).cat(blocks)  # GGUFBlocks or Int8Rows: one kernel call
         count += 1
     return count
 

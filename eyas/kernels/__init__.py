@@ -8,6 +8,7 @@ an unsupported platform) or its switch turns it off; callers then keep the pure-
 - ``rms_norm()`` (``rms_norm.cpp``, ``EYAS_NORM_KERNEL``): one-pass RMSNorm;
 - ``gguf_bf16()`` (``gguf_bf16.cpp``, ``EYAS_GGUF_BLOCKS``): bf16 projections over GGUF blocks;
 - ``gguf_f32()`` (``gguf_f32.cpp``, ``EYAS_GGUF_BLOCKS``): float32 projections over GGUF blocks, a few rows;
+- ``head_i8()`` (``head_i8.cpp``, ``EYAS_HEAD_INT8``): a draft head's few-row projections in int8 (AVX512-VNNI);
 - ``layer_ops()`` (``layer_ops.cpp``, ``EYAS_LAYER_OPS``): RoPE + KV-cache write of exact decode forwards, and
   the row argmax greedy verification reads (``argmax``).
 
@@ -128,6 +129,16 @@ def gguf_f32():
     if os.environ.get("EYAS_GGUF_BLOCKS", "1") == "0":
         return None
     return _get("gguf_f32", "the float32 GGUF-block projection kernel", "EYAS_GGUF_BLOCKS", ["-ffp-contract=off"])
+
+
+def head_i8():
+    """The compiled int8 projection for a draft head's few rows (``linear(x, w, sw, sums, bias)``, ``available()``:
+    False where the CPU lacks AVX512-VNNI), or None where it is off (``EYAS_HEAD_INT8=0``) or cannot be built. Built
+    with ``-ffp-contract=off``: its float epilogue must round as the torch reference does (multiply, then add).
+    """
+    if os.environ.get("EYAS_HEAD_INT8", "auto") == "0":
+        return None
+    return _get("head_i8", "the draft head's int8 projection kernel", "EYAS_HEAD_INT8", ["-ffp-contract=off"])
 
 
 def layer_ops():

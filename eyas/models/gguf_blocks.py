@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from eyas import kernels
+from eyas.models.int8_rows import Int8Rows, int8_head_ready, int8_serves
 
 # fast mode: the most rows the block kernel takes (oneDNN's prepacked GEMM is as fast at 8 and faster past it)
 FAST_ROWS = 8
@@ -58,6 +59,11 @@ class GGUFBlocks:
         """x: [..., K] bf16 or float32 (at most the float32 kernel's ``max_rows()`` rows) -> [..., N], x's dtype."""
         out = _KERNELS[x.dtype]().linear(x.reshape(-1, self.k), self.data, self.qtype, _EMPTY if bias is None else bias)
         return out.view(*x.shape[:-1], out.shape[1])
+
+    @classmethod
+    def cat(cls, parts: list[GGUFBlocks]) -> GGUFBlocks:
+        """Several projections over the same input (one type, one K) as one: their rows in order, one kernel call."""
+        return cls(data=torch.cat([p.data for p in parts]), qtype=parts[0].qtype, k=parts[0].k)
 
 
 _EMPTY = torch.empty(0)
@@ -128,7 +134,10 @@ def quantize_q8_0(w: torch.Tensor) -> torch.Tensor:
 def quantize_head_(head: nn.Module) -> int:
     """A draft head's bf16 or float32 CPU projections as Q8_0 blocks on the block kernel: each weight is replaced,
     in place, by its Q8_0 rounding (the same weights on both paths: the kernel up to ``FAST_ROWS`` rows in bf16,
-    the streaming kernel's rows in float32, the dense GEMM past them).
+    the streaming kernel's rows in float32, the dense GEMM past them). Where the int8 kernel serves the head
+    (eyas.models.int8_rows: AVX512-VNNI, a float32 head by default) every projection but the fused taps ``fc`` is
+    per-row int8 instead (``Int8Rows``, same protocol); ``fc`` keeps Q8_0 (int8 rows there cost ~1.5 points of
+    top-1: its input concatenates three layers' residuals of very different scales).
 
     A head runs right after a verify forward has streamed the target's weights through the caches, so its
     own weights come from DRAM every step: 1.06 bytes a weight instead of 2 halves that read. The draft
@@ -143,9 +152,19 @@ def quantize_head_(head: nn.Module) -> int:
     kernel = _KERNELS[dtypes.pop()]() if len(dtypes) == 1 and os.environ.get("EYAS_HEAD_Q8", "1") != "0" else None
     if kernel is None:
         return 0
+    int8 = int8_head_ready(next(iter({m.weight.dtype for m in mods})))
     count = 0
-    for mod in mods:
+    for name, mod in head.named_modules():
+        if mod not in mods:
+            continue
         w = mod.weight
+        if int8 and name != "fc" and int8_serves(w):
+            rows = Int8Rows.quantize(w)
+            with torch.no_grad():
+                w.copy_(rows.dequantize())
+            mod.__dict__["_eyas_blocks"] = rows
+            count += 1
+            continue
         data = quantize_q8_0(w)
         with torch.no_grad():
             w.copy_(kernel.dequantize(data, _SUPPORTED["Q8_0"], w.shape[1]))

@@ -31,7 +31,7 @@ from torch import nn
 
 from eyas import kernels
 from eyas.models.cpu import cpu_flags, cpu_name
-from eyas.models.gguf_blocks import block_kernel
+from eyas.models.gguf_blocks import GGUFBlocks, block_kernel
 from eyas.notes import one_time_note
 
 ROWS = (2, 3, 4)  # rows timed: the verify widths adaptive trees use most
@@ -100,7 +100,7 @@ def tune_block_kernel(model: nn.Module, cache_dir: Path | None = None, kernel=No
 
         cache_dir = cache_root() / "kernel_tuning"
     kernel = kernel if kernel is not None else block_kernel()
-    blocks = [m.__dict__["_eyas_blocks"] for m in model.modules() if "_eyas_blocks" in m.__dict__]
+    blocks = [b for m in model.modules() if isinstance(b := m.__dict__.get("_eyas_blocks"), GGUFBlocks)]
     if kernel is None or not blocks:
         return None
     if os.environ.get("EYAS_GGUF_TUNING"):

@@ -163,6 +163,7 @@ def test_a_float32_heads_projections_become_q8_0_blocks_with_matching_dense_weig
     head = nn.Sequential(nn.Linear(576, 96, bias=False), nn.Linear(96, 64, bias=True), nn.Linear(40, 8))
     head = head.requires_grad_(False)
     pack_linears_(head)
+    monkeypatch.setenv("EYAS_HEAD_INT8", "0")  # Q8_0 everywhere (else int8 rows where VNNI serves: test below)
     before = head[0].weight.clone()
     monkeypatch.setenv("EYAS_HEAD_Q8", "0")
     assert gguf_blocks.quantize_head_(head) == 0
@@ -176,3 +177,26 @@ def test_a_float32_heads_projections_become_q8_0_blocks_with_matching_dense_weig
     x = torch.randn(3, 576)
     with torch.inference_mode():  # the blocks at a few rows give the streaming kernel's bits on the same weight
         assert torch.equal(head[0](x), SKINNY.linear(x, head[0].weight, NONE))
+
+
+def test_a_float32_heads_projections_become_int8_rows_where_vnni_serves_except_fc():
+    """The int8 head kernel (eyas.models.int8_rows) takes every projection whose K is a multiple of 64 but the fused
+    taps ``fc``; its dense weight becomes the int8 rows' values, so the torch path past the kernel's rows agrees."""
+    from eyas.models.int8_rows import Int8Rows, int8_head_ready
+
+    if not int8_head_ready(torch.float32):
+        pytest.skip("needs AVX512-VNNI (the int8 head kernel)")
+    head = nn.Module()
+    head.fc, head.proj, head.odd = nn.Linear(192, 64, bias=False), nn.Linear(128, 64, bias=False), nn.Linear(96, 8)
+    head = head.requires_grad_(False)
+    pack_linears_(head)
+    assert gguf_blocks.quantize_head_(head) == 3
+    assert isinstance(head.fc._eyas_blocks, gguf_blocks.GGUFBlocks)  # fc: Q8_0 (int8 rows lose top-1 there)
+    assert isinstance(head.odd._eyas_blocks, gguf_blocks.GGUFBlocks)  # K = 96: not a multiple of 64
+    rows = head.proj._eyas_blocks
+    assert isinstance(rows, Int8Rows) and torch.equal(rows.dequantize(), head.proj.weight)
+    x = torch.randn(3, 128)
+    with torch.inference_mode():
+        assert torch.equal(head.proj(x), rows.linear(x, None))  # a few rows: the int8 kernel
+        many = torch.randn(40, 128)  # past the kernel's rows: the dense weight, close to the kernel
+        torch.testing.assert_close(head.proj(many)[:3], rows.linear(many[:3], None), rtol=0.05, atol=0.05)

@@ -1,0 +1,64 @@
+"""The draft head's int8 projection (eyas/kernels/head_i8.cpp): its sums reproduced bit for bit in torch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eyas.models.int8_rows import Int8Rows, _kernel
+
+pytestmark = pytest.mark.skipif(_kernel() is None, reason="needs AVX512-VNNI and a C++ toolchain")
+
+
+def reference(rows: Int8Rows, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The kernel's formula in torch: each row quantised to int8 (scale max |x| / 127, round half to even), exact
+    integer dot products, then float(dot) * (sx * sw) and the bias added after.
+    """
+    x = x.float()
+    amax = x.abs().amax(dim=1)
+    inv = torch.where(amax > 0, 127 / amax.clamp(min=1e-30), torch.zeros(()))
+    xq = torch.round(x * inv[:, None]).clamp(-127, 127).to(torch.int64)
+    dot = (xq @ rows.data.to(torch.int64).T).to(torch.float32)
+    y = dot * ((amax / 127)[:, None] * rows.scale[None, :])
+    return y if bias is None else y + bias
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 6, 7, 8, 12, 32])
+@pytest.mark.parametrize("k,n", [(64, 9), (576, 960), (2304, 576)])
+def test_matches_reference_bit_for_bit(m, k, n):
+    g = torch.Generator().manual_seed(m * 1000 + k + n)
+    rows = Int8Rows.quantize(torch.randn(n, k, generator=g) * 0.05)
+    x = torch.randn(m, k, generator=g) * 3
+    x[0, 5] = 40.0  # an outlier sets row 0's scale
+    assert torch.equal(rows.linear(x, None), reference(rows, x, None))
+
+
+def test_bias_bf16_zero_rows_and_shape():
+    g = torch.Generator().manual_seed(1)
+    rows = Int8Rows.quantize(torch.randn(10, 128, generator=g))
+    bias = torch.randn(10, generator=g)
+    x = torch.randn(2, 3, 128, generator=g)
+    x[0, 1] = 0  # an all-zero row: output = bias
+    out = rows.linear(x, bias)
+    assert out.shape == (2, 3, 10)
+    assert torch.equal(out.reshape(6, 10), reference(rows, x.reshape(6, 128), bias))
+    assert torch.equal(out[0, 1], bias)
+    xb = x.to(torch.bfloat16)
+    outb = rows.linear(xb, None)
+    assert outb.dtype == torch.bfloat16
+    assert torch.equal(outb.reshape(6, 10), reference(rows, xb.reshape(6, 128), None).to(torch.bfloat16))
+
+
+def test_quantize_close_to_weights_and_cat():
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(16, 192, generator=g)
+    rows = Int8Rows.quantize(w)
+    err = (rows.dequantize() - w).abs().amax(dim=1)
+    assert torch.all(err <= w.abs().amax(dim=1) / 254 * 1.0001)  # half a step of each row's scale
+    a, b = Int8Rows.quantize(w[:6]), Int8Rows.quantize(w[6:])
+    both = Int8Rows.cat([a, b])
+    x = torch.randn(3, 192, generator=g)
+    assert torch.equal(both.linear(x, None), torch.cat([a.linear(x, None), b.linear(x, None)], dim=1))
+    # close to the float product: int8 weights and rows within ~1 % of the output's scale
+    ref = x @ w.T
+    assert (rows.linear(x, None) - ref).abs().max() < 0.02 * ref.abs().max()
