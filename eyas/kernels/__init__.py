@@ -133,11 +133,14 @@ def gguf_f32():
 
 def head_i8():
     """The compiled int8 projection for a draft head's few rows (``linear(x, w, sw, sums, bias)``, ``available()``:
-    False where the CPU lacks AVX512-VNNI), or None where it is off (``EYAS_HEAD_INT8=0``) or cannot be built. Built
+    False where the build lacks AVX512-VNNI), or None where it is off (``EYAS_HEAD_INT8=0``), the CPU has no
+    AVX512-VNNI (not built) or it cannot be built. Built
     with ``-ffp-contract=off``: its float epilogue must round as the torch reference does (multiply, then add).
     """
-    if os.environ.get("EYAS_HEAD_INT8", "auto") == "0":
-        return None
+    from eyas.models.cpu import cpu_flags
+
+    if os.environ.get("EYAS_HEAD_INT8", "auto") == "0" or "avx512_vnni" not in cpu_flags():
+        return None  # no build where it could not serve (AVX2-only CPUs)
     return _get("head_i8", "the draft head's int8 projection kernel", "EYAS_HEAD_INT8", ["-ffp-contract=off"])
 
 

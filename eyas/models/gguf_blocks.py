@@ -145,32 +145,28 @@ def quantize_head_(head: nn.Module) -> int:
     Returns the number of projections; 0 where the kernel is unavailable, the head is not bf16 or float32 on a CPU,
     or ``EYAS_HEAD_Q8=0``.
     """
-    mods = [m for m in head.modules() if isinstance(m, nn.Linear) and "_eyas_blocks" not in m.__dict__
-            and m.weight.dtype in _KERNELS and m.weight.device.type == "cpu" and m.weight.shape[1] % 32 == 0]
-    dtypes = {m.weight.dtype for m in mods}
+    mods = {name: m for name, m in head.named_modules() if isinstance(m, nn.Linear) and "_eyas_blocks" not in m.__dict__
+            and m.weight.dtype in _KERNELS and m.weight.device.type == "cpu" and m.weight.shape[1] % 32 == 0}
+    dtypes = {m.weight.dtype for m in mods.values()}
+    dtype = dtypes.pop() if len(dtypes) == 1 else None
     # the kernel is compiled only where it would serve (not for a head on a GPU)
-    kernel = _KERNELS[dtypes.pop()]() if len(dtypes) == 1 and os.environ.get("EYAS_HEAD_Q8", "1") != "0" else None
+    kernel = _KERNELS[dtype]() if dtype is not None and os.environ.get("EYAS_HEAD_Q8", "1") != "0" else None
     if kernel is None:
         return 0
-    int8 = int8_head_ready(next(iter({m.weight.dtype for m in mods})))
-    count = 0
-    for name, mod in head.named_modules():
-        if mod not in mods:
-            continue
+    int8 = int8_head_ready(dtype)
+    for name, mod in mods.items():
         w = mod.weight
         if int8 and name != "fc" and int8_serves(w):
             rows = Int8Rows.quantize(w)
             with torch.no_grad():
                 w.copy_(rows.dequantize())
             mod.__dict__["_eyas_blocks"] = rows
-            count += 1
             continue
         data = quantize_q8_0(w)
         with torch.no_grad():
             w.copy_(kernel.dequantize(data, _SUPPORTED["Q8_0"], w.shape[1]))
         mod.__dict__["_eyas_blocks"] = GGUFBlocks(data=data, qtype=_SUPPORTED["Q8_0"], k=w.shape[1])
-        count += 1
-    return count
+    return len(mods)
 
 
 def _attach(mod: nn.Module, tensors: list, parts: tuple[str, ...], cfg, kernel) -> int:
