@@ -134,8 +134,8 @@ def gguf_f32():
 def head_i8():
     """The compiled int8 projection for a draft head's few rows (``linear(x, w, sw, sums, bias)``, ``available()``:
     False where the build lacks AVX512-VNNI), or None where it is off (``EYAS_HEAD_INT8=0``), the CPU has no
-    AVX512-VNNI (not built) or it cannot be built. Built
-    with ``-ffp-contract=off``: its float epilogue must round as the torch reference does (multiply, then add).
+    AVX512-VNNI (then it is not built) or it cannot be built. Built with ``-ffp-contract=off``: its float epilogue
+    must round as the torch reference does (multiply, then add).
     """
     from eyas.models.cpu import cpu_flags
 
