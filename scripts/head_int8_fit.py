@@ -30,10 +30,10 @@ def int8_rows_(head: torch.nn.Module, inputs_of: tuple[str, ...] | None, skip: t
     (None: all), as the kernel does: scale max |row| / 127, round half to even, clamp to +-127. Projections named in
     ``skip`` are left as they are.
     """
-    def fake(x: torch.Tensor) -> torch.Tensor:
-        amax = x.abs().amax(-1, keepdim=True)
-        inv = torch.where(amax > 0, 127 / amax.clamp(min=1e-30), torch.zeros(()))
-        return torch.round(x * inv).clamp(-127, 127) / torch.where(inv > 0, inv, torch.ones(()))
+    from eyas.models.int8_rows import Int8Rows
+
+    def fake(x: torch.Tensor) -> torch.Tensor:  # the kernel's own rounding (Int8Rows.quantize), back to float
+        return Int8Rows.quantize(x.reshape(-1, x.shape[-1])).dequantize().view_as(x)
 
     for name, mod in head.named_modules():
         if not isinstance(mod, torch.nn.Linear) or name.split(".")[-1] in skip:
@@ -44,16 +44,15 @@ def int8_rows_(head: torch.nn.Module, inputs_of: tuple[str, ...] | None, skip: t
 
 
 def q8_0_(head: torch.nn.Module) -> None:
-    """Every projection's weight as its Q8_0 rounding (the block kernel's weights)."""
+    """Every projection's weight as its Q8_0 rounding (the block kernel's weights, as quantize_head_ sets them)."""
+    from eyas import kernels
     from eyas.models.gguf_blocks import quantize_q8_0
 
+    q8_0 = 8  # GGML type id
     for mod in head.modules():
         if isinstance(mod, torch.nn.Linear):
             w = mod.weight.data
-            blocks = quantize_q8_0(w).view(w.shape[0], -1, 34)
-            d = blocks[..., :2].contiguous().view(torch.float16).float()  # [N, K / 32, 1]
-            q = blocks[..., 2:].contiguous().view(torch.int8).float()
-            mod.weight.data = (d * q).reshape(w.shape)
+            mod.weight.data = kernels.gguf_f32().dequantize(quantize_q8_0(w), q8_0, w.shape[1])
 
 
 def main() -> None:

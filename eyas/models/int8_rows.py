@@ -71,5 +71,7 @@ def int8_head_ready(dtype: torch.dtype) -> bool:
 
 
 def int8_serves(w: torch.Tensor) -> bool:
-    """A weight the kernel takes: [N, K] with K a multiple of its 64-byte chunk, on a CPU."""
-    return w.dim() == 2 and w.device.type == "cpu" and w.shape[1] % 64 == 0
+    """A weight the kernel takes (``int8_head_ready`` first): [N, K] with K a multiple of its chunk (64 bytes), on a
+    CPU.
+    """
+    return w.dim() == 2 and w.device.type == "cpu" and w.shape[1] % _kernel().chunk() == 0
