@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from eyas import kernels
-from eyas.models.int8_rows import Int8Rows, int8_head_ready, int8_serves
+from eyas.models.int8_rows import Int8Rows, int8_head_ready, int8_serves, set_prefetch_from_env
 
 # fast mode: the most rows the block kernel takes (oneDNN's prepacked GEMM is as fast at 8 and faster past it)
 FAST_ROWS = 8
@@ -154,6 +154,8 @@ def quantize_head_(head: nn.Module) -> int:
     if kernel is None:
         return 0
     int8 = int8_head_ready(dtype)
+    if int8:
+        set_prefetch_from_env()
     for name, mod in mods.items():
         w = mod.weight
         if int8 and name != "fc" and int8_serves(w):

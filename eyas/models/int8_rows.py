@@ -8,7 +8,8 @@ the output lossless. ``Int8Rows`` has ``GGUFBlocks``'s ``linear``/``cat`` protoc
 
 Where it serves (``int8_head_ready``): the kernel built and the CPU has AVX512-VNNI, ``EYAS_HEAD_INT8`` not 0, and a
 float32 head (``EYAS_HEAD_INT8=1`` also takes a bf16 head: not yet measured on an AVX512-BF16 CPU, so not the
-default there).
+default there). The kernel prefetches weight groups ahead of its multiply-adds (``EYAS_HEAD_I8_PREFETCH``: groups
+ahead, 0 off, default 2; read when a head is quantised, so ``scripts/head_ab.py --later-env`` can compare).
 """
 
 from __future__ import annotations
@@ -68,6 +69,15 @@ def int8_head_ready(dtype: torch.dtype) -> bool:
     if dtype == torch.bfloat16 and mode != "1":
         return False
     return _kernel() is not None
+
+
+def set_prefetch_from_env() -> int:
+    """Apply ``EYAS_HEAD_I8_PREFETCH`` (weight groups ahead, 0 off; default 2) to the kernel; returns it."""
+    raw = os.environ.get("EYAS_HEAD_I8_PREFETCH", "2")
+    if not raw.isdigit() or int(raw) > 64:
+        raise ValueError(f"EYAS_HEAD_I8_PREFETCH={raw!r}: weight groups to prefetch ahead, 0 (off) to 64")
+    _kernel().set_prefetch(int(raw))
+    return int(raw)
 
 
 def int8_serves(w: torch.Tensor) -> bool:

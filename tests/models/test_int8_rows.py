@@ -62,3 +62,29 @@ def test_quantize_close_to_weights_and_cat():
     # close to the float product: int8 weights and rows within ~1 % of the output's scale
     ref = x @ w.T
     assert (rows.linear(x, None) - ref).abs().max() < 0.02 * ref.abs().max()
+
+
+@pytest.mark.parametrize("groups", [0, 1, 2, 64])
+def test_prefetch_changes_no_bit(groups):
+    """The software prefetch distance (0 off) leaves every sum as it is, short last group included."""
+    g = torch.Generator().manual_seed(3)
+    rows = Int8Rows.quantize(torch.randn(1027, 576, generator=g) * 0.05)  # 257 groups, the last one short
+    x = torch.randn(5, 576, generator=g)
+    try:
+        _kernel().set_prefetch(groups)
+        assert torch.equal(rows.linear(x, None), reference(rows, x, None))
+    finally:
+        _kernel().set_prefetch(2)
+
+
+def test_prefetch_env(monkeypatch):
+    from eyas.models.int8_rows import set_prefetch_from_env
+
+    monkeypatch.setenv("EYAS_HEAD_I8_PREFETCH", "4")
+    assert set_prefetch_from_env() == 4
+    for bad in ("-1", "x", "65"):
+        monkeypatch.setenv("EYAS_HEAD_I8_PREFETCH", bad)
+        with pytest.raises(ValueError, match="EYAS_HEAD_I8_PREFETCH"):
+            set_prefetch_from_env()
+    monkeypatch.delenv("EYAS_HEAD_I8_PREFETCH")
+    assert set_prefetch_from_env() == 2
