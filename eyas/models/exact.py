@@ -132,7 +132,8 @@ def _disk_key(key: tuple) -> str:
 class DecodeFloors:
     """Exact mode's decode and verification forwards: projections with GGUF blocks (eyas.models.gguf_blocks)
     run on the row-invariant block kernel at any row count, unpadded; the others pad to ``floors`` as in prefill.
-    Prefill keeps the padded dense GEMM for every projection, so a prompt's cache does not depend on its chunking.
+    Prefill keeps the padded dense GEMM for every projection that writes its cache, so a prompt's cache does not
+    depend on its chunking; its logit rows (the last token's, eyas.models.native) take these floors too.
     """
 
     def __init__(self, floors: RowFloor) -> None:

@@ -274,6 +274,10 @@ class NativeLlama(nn.Module, TargetModel):
             x = layer(x, rope, cache, i, attn, floors)
         hidden = rms_norm(x, self.model.norm)
         rows = hidden if meta.logits_idx is None else hidden[:, meta.logits_idx]
+        if meta.exact and meta.logits_idx is not None:
+            # exact prefill's few logit rows (the last token's) are no part of the cache: the row-invariant block
+            # kernel, as decoding's, gives them the same bits in any chunking, without padding a [V, H] GEMM
+            floors = DecodeFloors(self.row_floors)
         logits = linear(self.lm_head_proj, rows, floors) if floors is not None else self.lm_head(rows)
         return ForwardOutput(logits=logits.float(), hidden=hidden, taps=tapped)
 

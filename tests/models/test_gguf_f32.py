@@ -139,6 +139,34 @@ def test_embedded_default_float32_speculative_equals_plain_on_the_blocks(default
     assert dense.token_ids == plain.token_ids
 
 
+def test_exact_prefill_takes_its_logit_row_from_the_block_kernel(default_target, monkeypatch):
+    """Exact prefill pads the projections that write the cache (chunking invariance) but its one logit row, the
+    last token's, goes through the row-invariant block kernel, as a decode step's does: the logits are the kernel's
+    on the final hidden row, bit for bit, and the first token is the same whatever the chunks."""
+    from eyas.decode import DecodeConfig, SpecDecoder, prefill_spans
+    from eyas.models.base import ForwardOutput
+
+    model = default_target.model
+    blocks = model.lm_head_proj.__dict__["_eyas_blocks"]
+    t = 45
+    prompt = torch.randint(0, model.config.vocab_size, (t,), generator=torch.Generator().manual_seed(5))
+    outs: list[ForwardOutput] = []
+    run = model.run
+    monkeypatch.setattr(model, "run", lambda *a: (outs.append(run(*a)), outs[-1])[1])
+    rows = spy_target_block_rows(monkeypatch, model)
+    firsts = []
+    for spans in (prefill_spans(t, 128), prefill_spans(t, 16)):
+        outs.clear()
+        rows.clear()
+        dec = SpecDecoder(model, None, DecodeConfig(max_new_tokens=2, exact=True))
+        *_, seq = dec.prefill_steps(prompt, spans=spans)
+        assert rows == [1] * len(outs), "only a chunk's logit row reads the blocks (the cache's projections pad)"
+        last = outs[-1]
+        assert torch.equal(last.logits[0, 0], blocks.linear(last.hidden[0, -1:], None)[0])
+        firsts.append(seq.history[-1].item())
+    assert firsts[0] == firsts[1]
+
+
 def test_exact_mode_is_the_float32_default_only_where_every_projection_reads_blocks(default_target, tiny):
     """In float32 exact mode is on by default where it is the faster mode: every projection on the row-invariant
     block kernel, the compiled tree attention and layer step there; a dense float32 model stays in fast mode."""
