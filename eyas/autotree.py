@@ -76,28 +76,39 @@ class JunkTree(Drafter):
 
 
 def measure_step_costs(model, exact: bool, widths=WIDTHS, steps: int = 12, rounds: int = 3) -> dict[int, float]:
-    """Seconds per decoding step verifying a tree of w nodes, for each w: the median over ``rounds`` passes
-    through all widths of ``steps`` steps each, made non-decreasing in w.
+    """Seconds per decoding step verifying a tree of w nodes, for each w: the narrowest width's median step, plus
+    the median over ``rounds`` of w's median step less the narrowest's timed right before it (``steps`` steps each),
+    made non-decreasing in w.
 
-    Medians, as the drafting's: the fastest of 8 steps caught some widths well below their typical cost
-    (3 nodes at 6.7 ms against 7.3 for 2 on the Zen 5 VM) and made the sizer's predictions run ~10 %
-    high. Passes alternate through the widths so that a slow spell of the machine touches all of them,
-    and a wider tree never costs less than a narrower one (it does the same work and more).
+    Paired differences, as the drafting's: a slow spell of the machine falls on both sides of a pair. Timing each
+    width once a pass (the former fit) let one spell set a width's cost: on the Ice Lake VM, widths 3-8 all at
+    33.6 ms against 24.7 for 1 (verify forwards of 19.5 / 21.2 / 28.2 ms at 1 / 4 / 8 nodes in decoding half an
+    hour before), which priced every verify row at 0.27-0.69 tokens and cut the tree to top-k 2. Medians, not the
+    fastest steps: the fastest of 8 caught some widths well below their typical cost (3 nodes at 6.7 ms against
+    7.3 for 2 on the Zen 5 VM) and made the sizer's predictions run ~10 % high. A wider tree never costs less
+    than a narrower one (it does the same work and more).
     """
     prompt = torch.randint(0, model.config.vocab_size, (CONTEXT,), generator=torch.Generator().manual_seed(0))
     prompt = prompt.to(model.device)
-    times: dict[int, list[float]] = {w: [] for w in widths}
-    runs = [None, *[w for _ in range(rounds) for w in widths]]  # None: a warm-up run, not kept
-    for w in runs:
-        width = widths[0] if w is None else w
+
+    def median_step(width: int) -> float:
         drafter = JunkTree(width, model.config.vocab_size) if width > 1 else None
-        step_times = _step_times(SpecDecoder(model, drafter, DecodeConfig(max_new_tokens=steps + 2, exact=exact)),
-                                 prompt)
-        if w is not None:
-            times[w] += step_times
-    out, floor = {}, 0.0
+        dec = SpecDecoder(model, drafter, DecodeConfig(max_new_tokens=steps + 2, exact=exact))
+        return statistics.median(_step_times(dec, prompt))
+
+    narrow = min(widths)
+    median_step(narrow)  # warm-up, not kept
+    base: list[float] = []
+    diffs: dict[int, list[float]] = {w: [] for w in widths if w != narrow}
+    for _ in range(rounds):
+        for w in diffs:
+            base.append(median_step(narrow))
+            diffs[w].append(median_step(w) - base[-1])
+        if not diffs:
+            base.append(median_step(narrow))
+    out, floor, b = {}, 0.0, statistics.median(base)
     for w in sorted(widths):
-        floor = out[w] = max(statistics.median(times[w]), floor)
+        floor = out[w] = max(b + (statistics.median(diffs[w]) if w in diffs else 0.0), floor)
     return out
 
 
@@ -199,7 +210,7 @@ def machine_costs(target: LoadedTarget, head_dir: Path, exact: bool, hybrid: boo
     ``hybrid``: the drafting measured is the hybrid drafter's (the head plus lookup and the merge).
     """
     key = {**machine_key(target, head_dir, exact), "hybrid": hybrid, "draft_fit": "paired-6x24-nnls5",
-           "step_fit": "median-3x12-monotone"}
+           "step_fit": "paired-3x12-monotone"}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_root() / "tree_costs" / f"{digest}.json"
     if path.exists():

@@ -202,10 +202,25 @@ def test_a_profile_carries_its_measured_tree_tau(tmp_path):
 
 def test_step_costs_never_fall_with_width(llama, monkeypatch):
     monkeypatch.setattr(autotree, "CONTEXT", 12)
-    times = iter([0.2] * 4 + [0.9] * 4 + [0.5] * 4 + [1.0] * 4)  # warm-up (dropped), then widths 1, 3, 8
+    # warm-up (dropped), then width 1 before each other width: (1, 3), (1, 8)
+    times = iter([0.2] * 4 + [0.9] * 4 + [0.5] * 4 + [0.9] * 4 + [1.0] * 4)
     monkeypatch.setattr(autotree, "_step_times", lambda dec, prompt: [next(times) for _ in range(4)])
     cost = autotree.measure_step_costs(llama, False, widths=(1, 3, 8), steps=3, rounds=1)
     assert cost == {1: 0.9, 3: 0.9, 8: 1.0}
+
+
+def test_step_costs_pair_each_width_with_the_narrowest_timed_before_it(llama, monkeypatch):
+    """A slow spell that falls on one pair (width 1 at 2.0 s, then 8 nodes at 2.5) moves both sides: width 8 costs
+    width 1's median plus its own difference, not the 2.5 the spell made it."""
+    monkeypatch.setattr(autotree, "CONTEXT", 12)
+    times = iter([0.2] * 4 + [1.0] * 4 + [1.2] * 4 + [2.0] * 4 + [2.5] * 4)
+    widths_run = []
+    real = autotree.JunkTree
+    monkeypatch.setattr(autotree, "JunkTree", lambda w, v: (widths_run.append(w), real(w, v))[1])
+    monkeypatch.setattr(autotree, "_step_times", lambda dec, prompt: [next(times) for _ in range(4)])
+    cost = autotree.measure_step_costs(llama, False, widths=(1, 3, 8), steps=3, rounds=1)
+    assert widths_run == [3, 8]  # width 1 runs without a drafter
+    assert cost == pytest.approx({1: 1.5, 3: 1.7, 8: 2.0})
 
 
 def test_adaptive_trees_may_grow_past_the_cpu_cap_where_the_fixed_tree_is_large():
