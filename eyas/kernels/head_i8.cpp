@@ -33,8 +33,9 @@ constexpr int64_t CHUNK = 64;    // bytes per VPDPBUSD
 
 // Software prefetch: each thread asks for the weight group this many groups ahead while it multiplies this one
 // (0: off). The first head call of a step reads its weights from DRAM (the verify forward evicted them), and the
-// hardware prefetcher alone leaves most of that latency exposed: on the Ice Lake VM the head's four largest
-// projections at 4 rows, caches flushed before each pass, 1.13 -> 0.92 ms with 2 groups (1, 4 and 8 alike).
+// hardware prefetcher alone leaves much of that latency exposed: on the Ice Lake VM the head's five projections at
+// 4 rows (scripts/head_cold.py), caches flushed first, 1.20 -> 0.97 ms with 2 groups, and 0.94 -> 0.68 ms for the
+// call after (weights then in L3); 1, 4 and 8 groups within 0.07 ms of 2.
 // The sums do not change. set_prefetch() sets it (eyas.models.int8_rows: EYAS_HEAD_I8_PREFETCH).
 int64_t prefetch_groups = 2;
 
