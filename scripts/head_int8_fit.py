@@ -46,13 +46,12 @@ def int8_rows_(head: torch.nn.Module, inputs_of: tuple[str, ...] | None, skip: t
 def q8_0_(head: torch.nn.Module) -> None:
     """Every projection's weight as its Q8_0 rounding (the block kernel's weights, as quantize_head_ sets them)."""
     from eyas import kernels
-    from eyas.models.gguf_blocks import quantize_q8_0
+    from eyas.models.gguf_blocks import _SUPPORTED, quantize_q8_0
 
-    q8_0 = 8  # GGML type id
     for mod in head.modules():
         if isinstance(mod, torch.nn.Linear):
             w = mod.weight.data
-            mod.weight.data = kernels.gguf_f32().dequantize(quantize_q8_0(w), q8_0, w.shape[1])
+            mod.weight.data = kernels.gguf_f32().dequantize(quantize_q8_0(w), _SUPPORTED["Q8_0"], w.shape[1])
 
 
 def main() -> None:
