@@ -60,6 +60,13 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
 
 
+def _positive_int(v: str) -> int:
+    n = int(v)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 def _tree_spec(a: argparse.Namespace) -> str | None:
     if a.tree in (None, "dynamic") and any(v is not None for v in (a.top_k, a.depth, a.total_tokens)):
         return "dynamic:" + ",".join(str(v) for v in (a.top_k or 8, a.depth or 6, a.total_tokens or 48))
@@ -95,19 +102,19 @@ def gen_params(a: argparse.Namespace) -> dict:
 def cmd_generate(a: argparse.Namespace) -> int:
     spec = _load(a)
     params = gen_params(a)
+    if a.compare_plain:  # untimed warm-up, so first-call kernel setup does not count against either side
+        spec.generate(a.prompt, chat=not a.raw, **{**params, "max_new_tokens": 8})
     if a.json:
         out = spec.generate(a.prompt, chat=not a.raw, **params)
         d = out.to_dict()
         if spec.tree_choice is not None:  # the tree eyas.autotree sized to this machine, and its prediction
             d["tree_choice"] = spec.tree_choice.to_dict()
         if a.compare_plain:
-            d["plain"] = _plain_summary(spec, a, params, out)
+            d["plain"] = _compare(spec, a, params, out.tokens_per_second, out.token_ids).to_dict()
         print(json.dumps(d))
         return 0
     import time
 
-    if a.compare_plain:  # untimed warm-up, so first-call kernel setup does not count against either side
-        spec.generate(a.prompt, chat=not a.raw, **{**params, "max_new_tokens": 8})
     t0, ids, acc = time.perf_counter(), [], 0
     for piece, ev in spec.stream_events(a.prompt, chat=not a.raw, **params):
         ids += ev.tokens.tolist()
@@ -118,11 +125,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     print(f"\n\n[{len(ids)} tokens in {dt:.2f}s: {len(ids) / dt:.1f} tok/s, drafter={_drafter_label(spec, a)}, "
           f"{acc} drafted tokens accepted]", file=sys.stderr)
     if a.compare_plain:
-        p = _plain_summary(spec, a, params, None)
-        same = "identical" if p["token_ids"] == ids else "DIFFERENT"
-        speedup = len(ids) / dt / p["tokens_per_second"]
-        print(f"[plain decoding: {p['tokens_per_second']:.1f} tok/s -> speedup {speedup:.2f}x; "
-              f"output {same} to plain decoding (what --drafter none produces)]", file=sys.stderr)
+        print(_compare(spec, a, params, len(ids) / dt, ids).summary(), file=sys.stderr)
     return 0
 
 
@@ -141,19 +144,11 @@ def _drafter_label(spec, a: argparse.Namespace) -> str:
     return f"default ({what}, dtype {dtype})" if head is None else f"default ({what}, {Path(head).name}, dtype {dtype})"
 
 
-def _plain_summary(spec, a: argparse.Namespace, params: dict, out) -> dict:
-    """Plain decoding of the same prompt: the faster of fast and exact mode sets the speedup baseline (exact
-    mode's compiled decode path can beat fast mode's), and the same numerics mode (exact when on) is the
-    reference the output must equal.
-    """
-    fast = spec.generate(a.prompt, chat=not a.raw, speculate=False, exact=False, **params)
-    ref = spec.generate(a.prompt, chat=not a.raw, speculate=False, **params) if spec.exact else fast
-    best = max(fast.tokens_per_second, ref.tokens_per_second)
-    d = {"tokens_per_second": best, "token_ids": ref.token_ids}
-    if out is not None:
-        d["speedup"] = out.tokens_per_second / best
-        d["identical"] = ref.token_ids == out.token_ids
-    return d
+def _compare(spec, a: argparse.Namespace, params: dict, spec_tps: float, ids: list[int]):
+    """Plain decoding of the same prompt against the speculative run just made (eyas.bench.plain_compare)."""
+    from eyas.bench.plain_compare import compare_plain
+
+    return compare_plain(spec, a.prompt, not a.raw, params, (spec_tps, ids), a.repeats)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object with text, ids and statistics")
     g.add_argument("--compare-plain", action="store_true",
                    help="also run plain decoding and print the measured speedup and whether outputs match")
+    g.add_argument("--repeats", type=_positive_int, default=3,
+                   help="--compare-plain: timed runs of each side, interleaved; medians are reported (default 3)")
     _common(g)
     g.set_defaults(func=cmd_generate)
     b = sub.add_parser("bench", help="benchmarks")

@@ -201,6 +201,21 @@ def test_generate_compare_plain_is_identical(capsys, tiny_dir):
     assert rc == 0, err
     d = json.loads(out)
     assert d["plain"]["identical"] is True and d["plain"]["token_ids"] == d["token_ids"]
+    assert d["plain"]["rounds"] == 3 and len(d["plain"]["speedup_runs"]) == 3  # --repeats' default
+
+
+def test_generate_compare_plain_streamed_reports_medians(capsys, tiny_dir):
+    rc, out, err = cli(capsys, "generate", "hi", "--model", str(tiny_dir), "--drafter", "ngram",
+                       "--max-new-tokens", "8", "--compare-plain", "--repeats", "2")
+    assert rc == 0, err
+    assert "medians of 2 interleaved runs" in err and "output identical" in err, err
+
+
+def test_generate_repeats_must_be_positive(capsys, tiny_dir):
+    with pytest.raises(SystemExit) as e:  # argparse's usage error, before anything loads
+        main(["generate", "hi", "--model", str(tiny_dir), "--compare-plain", "--repeats", "0"])
+    err = capsys.readouterr().err
+    assert e.value.code != 0 and "--repeats" in err and "at least 1" in err and "Traceback" not in err, err
 
 
 def test_generate_streams_text(capsys, tiny_dir):
