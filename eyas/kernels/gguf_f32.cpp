@@ -85,10 +85,98 @@ inline void dequant_block(const uint8_t* blk, int64_t qtype, float* out) {
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
 // AVX-512: two weight rows share a register, each in its own 8-lane half, so every accumulator lane still takes
-// k = l, l + 8, ... of one row: twice the multiply-adds an instruction, skinny_gemm.cpp's sums unchanged. The group's
-// 4 rows are dequantised as pairs: pair buffer chunk c (16 floats) = row 2p's k in [8c, 8c + 8), then row 2p + 1's.
-// A Q4_* block's 16 possible weights are computed once (d * q (+ m) for q = 0..15) and the nibbles pick from that
-// table (VPERMPS), as gguf_bf16.cpp does in bf16.
+// k = l, l + 8, ... of one row: twice the multiply-adds an instruction, skinny_gemm.cpp's sums unchanged.
+//
+// Each 32-weight block of the group's 4 rows is rebuilt in registers and multiplied at once: no pass through an L1
+// buffer. The former kernel wrote every rebuilt weight to a buffer and read it back per input row; its stores, the
+// lookups of a 16-entry table (VPERMPS) and the scale broadcasts all queued on one port, and a token's projections
+// ran at ~40 cycles per 4 x 32 weights on the Ice Lake VM (5-7 GB/s of blocks on 2 cores against ~20 GB/s the
+// memory gives); here the integer-to-float conversions and multiply-adds spread over two ports
+// (scripts/f32_kernel_ab.py times both).
+
+// 32 weights of one block: k 0..15 in lo, 16..31 in hi, gguf-py's values (gguf_quants.h: dequant_block_f32). The
+// fp16 scale (and minimum) are converted together and broadcast from memory (a load, not a shuffle). Q4_1's
+// d * q + m is one fused multiply-add: d * q is exact in float32 (11 significant bits times at most 4), so rounding
+// d * q + m once is rounding the sum of the exact product, as multiply-then-add does.
+template <int64_t QT>
+inline void dequant_block16(const uint8_t* blk, __m512& lo, __m512& hi) {
+  alignas(16) float dm[4];
+  _mm_store_ps(dm, _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk))));  // d, m (Q4_1), ...
+  const __m512 d = _mm512_set1_ps(dm[0]);
+  if constexpr (QT == Q8_0) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
+    lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(a)));
+    hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)));
+  } else {
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (QT == Q4_1 ? 4 : 2))));
+    const __m512i ql = _mm512_and_si512(q, _mm512_set1_epi32(0x0F)), qh = _mm512_srli_epi32(q, 4);
+    if constexpr (QT == Q4_1) {
+      const __m512 m = _mm512_set1_ps(dm[1]);
+      lo = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(ql), m);
+      hi = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(qh), m);
+    } else {  // Q4_0: d * (q - 8)
+      const __m512i eight = _mm512_set1_epi32(8);
+      lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(ql, eight)));
+      hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(qh, eight)));
+    }
+  }
+}
+
+// Input rows per pass over a group's weights: 8 keep 8 rebuilt weights + 2 pairs + 16 accumulators + 1 input in the 32
+// registers. A row's sums do not depend on it.
+constexpr int MR_MAX = 8;
+
+template <int MR>
+__attribute__((always_inline)) inline void reduce_out(__m512 (&acc)[MR][2], float* out) {  // out[i * 4 + j]
+  for (int i = 0; i < MR; ++i)
+    for (int p = 0; p < 2; ++p) {
+      out[i * 4 + 2 * p] = reduce8(_mm512_castps512_ps256(acc[i][p]));
+      out[i * 4 + 2 * p + 1] = reduce8(_mm512_extractf32x8_ps(acc[i][p], 1));
+    }
+}
+
+// rows x[0 .. MR) (row stride k) against the 4 weight rows whose blocks start at w[j], each block rebuilt in registers
+// noinline: inlined into linear's loop (all 8 row counts of 3 types in one function) the accumulators spilled to the
+// stack inside the hot loop (8 rows at half speed)
+template <int MR, int64_t QT>
+__attribute__((noinline)) void direct_pass(const float* x, const uint8_t* const* w, int64_t k, float* out) {
+  constexpr int64_t bb = QT == Q8_0 ? 34 : QT == Q4_1 ? 20 : 18;
+  __m512 acc[MR][2];
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < k / QK; ++b) {
+    __m512 lo[4], hi[4];
+    for (int j = 0; j < 4; ++j) dequant_block16<QT>(w[j] + bb * b, lo[j], hi[j]);
+    for (int c = 0; c < 4; ++c) {  // k chunk 8c .. 8c + 7 of the block: pair p = [row 2p's 8 | row 2p + 1's 8]
+      const __m512* src = c < 2 ? lo : hi;
+      const __m512 w0 = (c & 1) ? _mm512_shuffle_f32x4(src[0], src[1], 0xEE) : _mm512_shuffle_f32x4(src[0], src[1], 0x44);
+      const __m512 w1 = (c & 1) ? _mm512_shuffle_f32x4(src[2], src[3], 0xEE) : _mm512_shuffle_f32x4(src[2], src[3], 0x44);
+      for (int i = 0; i < MR; ++i) {
+        const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + i * k + QK * b + 8 * c));
+        acc[i][0] = _mm512_fmadd_ps(xv, w0, acc[i][0]);
+        acc[i][1] = _mm512_fmadd_ps(xv, w1, acc[i][1]);
+      }
+    }
+  }
+  reduce_out<MR>(acc, out);
+}
+
+// rows x[0 .. MR) against a buffer of the group's rebuilt weights as two pairs (2k floats each; chunk c of pair p:
+// row 2p's k in [8c, 8c + 8), then row 2p + 1's)
+template <int MR>
+__attribute__((noinline)) void buffered_pass(const float* x, const float* const* pairs, int64_t k, float* out) {
+  __m512 acc[MR][2];
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < k / 8; ++c) {
+    const __m512 w0 = _mm512_loadu_ps(pairs[0] + 16 * c), w1 = _mm512_loadu_ps(pairs[1] + 16 * c);
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + i * k + 8 * c));
+      acc[i][0] = _mm512_fmadd_ps(xv, w0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(xv, w1, acc[i][1]);
+    }
+  }
+  reduce_out<MR>(acc, out);
+}
 
 inline void store_pair_half(float* pair, int64_t chunk, int half, __m512 v) {  // v = 16 weights = chunks c, c + 1
   float* dst = pair + 16 * chunk + 8 * half;
@@ -96,88 +184,49 @@ inline void store_pair_half(float* pair, int64_t chunk, int half, __m512 v) {  /
   _mm512_mask_storeu_ps(dst + 16 - 8, 0xFF00, v);  // lanes 8..15 to the next chunk's half, no shuffle
 }
 
-inline void dequant_block16(const uint8_t* blk, int64_t qtype, __m512& lo, __m512& hi) {
-  uint16_t h;
-  std::memcpy(&h, blk, 2);
-  const __m512 d = _mm512_set1_ps(_cvtsh_ss(h));
-  if (qtype == Q8_0) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
-    lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(a)));
-    hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)));
-    return;
-  }
-  __m512 table;
-  if (qtype == Q4_1) {
-    std::memcpy(&h, blk + 2, 2);
-    const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    table = _mm512_add_ps(_mm512_mul_ps(d, q), _mm512_set1_ps(_cvtsh_ss(h)));  // multiply, then add
-  } else {
-    const __m512 q = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-    table = _mm512_mul_ps(d, q);
-  }
-  const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (qtype == Q4_1 ? 4 : 2))));
-  lo = _mm512_permutexvar_ps(_mm512_and_si512(q, _mm512_set1_epi32(0x0F)), table);
-  hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
-}
-
-// Input rows per pass over a group's dequantised pairs: 8 takes 2 * 8 accumulators + 2 weights + 1 input of the 32
-// registers, so a verify tree of 5-8 nodes multiplies in one pass (1.6-2 ms a forward less than two passes of 4 over
-// SmolLM2-135M's blocks, Ice Lake VM); a row's sums do not depend on it (-DEYAS_F32_MR_MAX=4 builds the old kernel).
-#ifndef EYAS_F32_MR_MAX
-#define EYAS_F32_MR_MAX 8
-#endif
-constexpr int MR_MAX = EYAS_F32_MR_MAX;
-static_assert(MR_MAX >= 1 && MR_MAX <= 8, "EYAS_F32_MR_MAX: 1 to 8 (group's switch)");
-
-// rows x[0 .. MR) against the group's pairs (pairs[p], 2k floats each); out[i * ldo + j] for j < 4
-template <int MR>
-inline void micro(const float* const* x, const float* const* pairs, int64_t k, float* out, int64_t ldo) {
-  __m512 acc[MR][2];
-  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < k / 8; ++c) {
-    const __m512 w0 = _mm512_loadu_ps(pairs[0] + 16 * c), w1 = _mm512_loadu_ps(pairs[1] + 16 * c);
-    for (int i = 0; i < MR; ++i) {
-      const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x[i] + 8 * c));
-      acc[i][0] = _mm512_fmadd_ps(xv, w0, acc[i][0]);
-      acc[i][1] = _mm512_fmadd_ps(xv, w1, acc[i][1]);
-    }
-  }
-  for (int i = 0; i < MR; ++i)
-    for (int p = 0; p < 2; ++p) {
-      out[i * ldo + 2 * p] = reduce8(_mm512_castps512_ps256(acc[i][p]));
-      out[i * ldo + 2 * p + 1] = reduce8(_mm512_extractf32x8_ps(acc[i][p], 1));
-    }
-}
+// Past DIRECT_ROWS input rows, rebuilding the blocks once per pass of 8 costs more than rebuilding them once into the
+// L1 buffer every pass reads (at 32 rows 0.91x the buffer's speed, at 16 the same, at 9 1.05x; Ice Lake VM).
+constexpr int64_t DIRECT_ROWS = 16;
 
 // m rows of x against the 4 weight rows whose blocks start at w[j] (a short group repeats its last row): out[i * 4 + j]
-void group(const float* xd, int64_t m, const uint8_t* const* w, int64_t k, int64_t bb, int64_t qtype,
-           std::vector<float>& buf, float* out) {
-  buf.resize(static_cast<size_t>(4 * k));
-  float* pairs[2] = {buf.data(), buf.data() + 2 * k};
-  for (int j = 0; j < 4; ++j)
-    for (int64_t b = 0; b < k / QK; ++b) {
-      __m512 lo, hi;
-      dequant_block16(w[j] + bb * b, qtype, lo, hi);
-      store_pair_half(pairs[j / 2], 4 * b, j % 2, lo);
-      store_pair_half(pairs[j / 2], 4 * b + 2, j % 2, hi);
-    }
-  const float* ps[2] = {pairs[0], pairs[1]};
-  const float* xs[MR_MAX];
+template <int64_t QT>
+void group_of(const float* xd, int64_t m, const uint8_t* const* w, int64_t k, std::vector<float>& buf, float* out) {
+  const float* ps[2] = {nullptr, nullptr};
+  if (m > DIRECT_ROWS) {
+    constexpr int64_t bb = QT == Q8_0 ? 34 : QT == Q4_1 ? 20 : 18;
+    buf.resize(static_cast<size_t>(4 * k));
+    float* pairs[2] = {buf.data(), buf.data() + 2 * k};
+    for (int j = 0; j < 4; ++j)
+      for (int64_t b = 0; b < k / QK; ++b) {
+        __m512 lo, hi;
+        dequant_block16<QT>(w[j] + bb * b, lo, hi);
+        store_pair_half(pairs[j / 2], 4 * b, j % 2, lo);
+        store_pair_half(pairs[j / 2], 4 * b + 2, j % 2, hi);
+      }
+    ps[0] = pairs[0];
+    ps[1] = pairs[1];
+  }
   for (int64_t i = 0; i < m;) {
     const int rows = static_cast<int>(std::min<int64_t>(m - i, MR_MAX));
-    for (int r = 0; r < rows; ++r) xs[r] = xd + (i + r) * k;
+    const float* x = xd + i * k;
+    float* o = out + i * 4;
+#define EYAS_PASS(R) \
+  case R: ps[0] ? buffered_pass<R>(x, ps, k, o) : direct_pass<R, QT>(x, w, k, o); break;
     switch (rows) {
-      case 8: micro<8>(xs, ps, k, out + i * 4, 4); break;
-      case 7: micro<7>(xs, ps, k, out + i * 4, 4); break;
-      case 6: micro<6>(xs, ps, k, out + i * 4, 4); break;
-      case 5: micro<5>(xs, ps, k, out + i * 4, 4); break;
-      case 4: micro<4>(xs, ps, k, out + i * 4, 4); break;
-      case 3: micro<3>(xs, ps, k, out + i * 4, 4); break;
-      case 2: micro<2>(xs, ps, k, out + i * 4, 4); break;
-      default: micro<1>(xs, ps, k, out + i * 4, 4); break;
+      EYAS_PASS(8) EYAS_PASS(7) EYAS_PASS(6) EYAS_PASS(5) EYAS_PASS(4) EYAS_PASS(3) EYAS_PASS(2)
+      default: ps[0] ? buffered_pass<1>(x, ps, k, o) : direct_pass<1, QT>(x, w, k, o); break;
     }
+#undef EYAS_PASS
     i += rows;
+  }
+}
+
+void group(const float* xd, int64_t m, const uint8_t* const* w, int64_t k, int64_t, int64_t qtype,
+           std::vector<float>& buf, float* out) {
+  switch (qtype) {
+    case Q8_0: group_of<Q8_0>(xd, m, w, k, buf, out); break;
+    case Q4_1: group_of<Q4_1>(xd, m, w, k, buf, out); break;
+    default: group_of<Q4_0>(xd, m, w, k, buf, out); break;
   }
 }
 #else

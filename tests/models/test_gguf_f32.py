@@ -52,12 +52,36 @@ def test_linear_is_the_streaming_kernel_on_the_dense_weight_bit_for_bit(qtype, n
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 32):  # every register-block shape, and row invariance across them
+        # every pass shape (1-8 rows rebuilt in registers, passes of 8 to 16, the buffered path past that) and row
+        # invariance across them
+        for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17, 24, 32):
             for b in (NONE, bias):
                 got, want = KERNEL.linear(x[:m], raw, TYPES[qtype], b), SKINNY.linear(x[:m], weight, b)
                 assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (m, b.numel())
     finally:
         torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_extreme_fp16_scales_rebuild_as_gguf_py_does(qtype):
+    """Scales and minimums at fp16's edges (subnormal, zero, the largest finite, both signs): the kernel rebuilds
+    Q4_1's d * q + m with one fused multiply-add, which equals multiply-then-add only because d * q is exact in
+    float32; these cases would show where it is not. Checked through dequantize's weights and linear's sums."""
+    n, k = 8, 256
+    raw = random_blocks(qtype, n, k, seed=3).reshape(n, k // 32, -1)
+    edge = np.array([6e-8, -6e-8, 3e-5, 0.0, -0.0, 65504.0, -65504.0, 1e-3], dtype=np.float16)  # 2 subnormals first
+    rng = np.random.default_rng(4)
+    raw[..., 0:2] = rng.choice(edge, size=(n, k // 32)).view(np.uint8).reshape(n, k // 32, 2)
+    if qtype == "Q4_1":
+        raw[..., 2:4] = rng.choice(edge, size=(n, k // 32)).view(np.uint8).reshape(n, k // 32, 2)
+    raw = raw.reshape(n, -1)
+    deq = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype])  # the loader's float32 weights
+    raw, weight = torch.from_numpy(raw.copy()), torch.from_numpy(np.ascontiguousarray(deq)).reshape(n, k)
+    assert torch.equal(KERNEL.dequantize(raw, TYPES[qtype], k).view(torch.int32), weight.view(torch.int32))
+    x = torch.randn(9, k) * 1e-3  # small inputs: 65504-sized weights stay finite in the sums
+    for m in (1, 5, 9):
+        got, want = KERNEL.linear(x[:m], raw, TYPES[qtype], NONE), SKINNY.linear(x[:m], weight, NONE)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), m
 
 
 def test_bad_input_is_named():
