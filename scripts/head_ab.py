@@ -57,6 +57,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--tree", default=None, help="default: the tree eyas sizes for the first head")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--later-tree", default=None,
+                    help="the tree of every head after the first (compare trees on one head); default: the first's")
     ap.add_argument("--later-env", action="append", default=[], metavar="NAME=VALUE",
                     help="set while loading every head after the first (compare kernel settings on one head)")
     a = ap.parse_args()
@@ -68,8 +70,9 @@ def main() -> None:
     first = eyas.load(dtype=a.dtype, drafter="hybrid", head=a.heads[0], tree=a.tree)
     tree = first.drafter_spec.tree
     os.environ.update(dict(kv.split("=", 1) for kv in a.later_env))
-    specs = [first] + [eyas.load(dtype=a.dtype, drafter="hybrid", head=h, tree=tree) for h in a.heads[1:]]
-    print(f"tree {tree}")
+    later = a.later_tree or tree
+    specs = [first] + [eyas.load(dtype=a.dtype, drafter="hybrid", head=h, tree=later) for h in a.heads[1:]]
+    print(f"tree {tree}" + (f", later heads {later}" if later != tree else ""))
     for s in specs:  # warm-up: kernels built, caches sized
         s.generate(qs[0], max_new_tokens=16)
     first.generate(qs[0], max_new_tokens=16, speculate=False)
