@@ -4,7 +4,8 @@
 // small model is bound by streaming its weights: SmolLM2-135M reads 540 MB of float32 a token, its GGUF file holds
 // the same weights in 98 MB. This kernel reads the blocks, rebuilds each weight as the float32 value eyas's loader
 // produced from the same file (gguf-py's formula, gguf_quants.h; eyas.models.gguf_blocks checks every row at load),
-// and multiplies it in L1 against every input row.
+// and multiplies it against every input row: with AVX-512 in registers as each block is rebuilt (up to 16 rows; past
+// that, and on AVX2, from an L1 buffer of the group's rebuilt weights).
 //
 // Numerics are skinny_gemm.cpp's, bit for bit: output (m, n) is the dot product of x[m] and W[n] accumulated in
 // 8 float32 lanes with fused multiply-add (lane l takes k = l, l + 8, ...), reduced by the fixed tree (l, l+4),
@@ -32,7 +33,7 @@ namespace {
 using namespace eyas_gguf;
 using namespace eyas_f32;
 
-constexpr int64_t NB = 4;         // weight rows per group, dequantised into L1 once for every input row
+constexpr int64_t NB = 4;         // weight rows per group: each block rebuilt once for every input row of a pass
 constexpr int64_t MAX_ROWS = 32;  // skinny_gemm.cpp's: past that the dense GEMM serves
 
 #ifdef EYAS_GGUF_F32
