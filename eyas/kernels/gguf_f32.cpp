@@ -96,7 +96,8 @@ inline void dequant_block(const uint8_t* blk, int64_t qtype, float* out) {
 // (scripts/f32_kernel_ab.py times both).
 
 // 32 weights of one block: k 0..15 in lo, 16..31 in hi, gguf-py's values (gguf_quants.h: dequant_block_f32). The
-// fp16 scale (and minimum) are converted together and broadcast from memory (a load, not a shuffle). Q4_1's
+// fp16 scale (and minimum) are converted by one VCVTPH2PS, then broadcast (the compiler keeps them in registers;
+// forcing the broadcasts through memory measured slower, as did converting a pass's scales up front). Q4_1's
 // d * q + m is one fused multiply-add: d * q is exact in float32 (11 significant bits times at most 4), so rounding
 // d * q + m once is rounding the sum of the exact product, as multiply-then-add does.
 template <int64_t QT>
@@ -186,7 +187,7 @@ inline void store_pair_half(float* pair, int64_t chunk, int half, __m512 v) {  /
 }
 
 // Past DIRECT_ROWS input rows, rebuilding the blocks once per pass of 8 costs more than rebuilding them once into the
-// L1 buffer every pass reads (at 32 rows 0.91x the buffer's speed, at 16 the same, at 9 1.05x; Ice Lake VM).
+// L1 buffer every pass reads (Ice Lake VM, all passes rebuilding: 32 rows 0.91x the buffer's speed, 16 the same, 9 1.05x).
 constexpr int64_t DIRECT_ROWS = 16;
 
 // m rows of x against the 4 weight rows whose blocks start at w[j] (a short group repeats its last row): out[i * 4 + j]
