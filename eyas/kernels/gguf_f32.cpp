@@ -143,7 +143,7 @@ __attribute__((always_inline)) inline void reduce_out(__m512 (&acc)[MR][2], floa
 // stack inside the hot loop (8 rows at half speed)
 template <int MR, int64_t QT>
 __attribute__((noinline)) void direct_pass(const float* x, const uint8_t* const* w, int64_t k, float* out) {
-  constexpr int64_t bb = QT == Q8_0 ? 34 : QT == Q4_1 ? 20 : 18;
+  constexpr int64_t bb = block_bytes(QT);
   __m512 acc[MR][2];
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
   for (int64_t b = 0; b < k / QK; ++b) {
@@ -195,7 +195,7 @@ template <int64_t QT>
 void group_of(const float* xd, int64_t m, const uint8_t* const* w, int64_t k, std::vector<float>& buf, float* out) {
   const float* ps[2] = {nullptr, nullptr};
   if (m > DIRECT_ROWS) {
-    constexpr int64_t bb = QT == Q8_0 ? 34 : QT == Q4_1 ? 20 : 18;
+    constexpr int64_t bb = block_bytes(QT);
     buf.resize(static_cast<size_t>(4 * k));
     float* pairs[2] = {buf.data(), buf.data() + 2 * k};
     for (int j = 0; j < 4; ++j)

@@ -18,7 +18,7 @@ namespace eyas_gguf {
 constexpr int QK = 32;                                  // weights per block
 enum QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };  // GGML type ids
 
-inline int64_t block_bytes(int64_t qtype) {
+constexpr int64_t block_bytes(int64_t qtype) {  // constexpr: the kernels' per-type templates take it at compile time
   switch (qtype) {
     case Q4_0: return 18;
     case Q4_1: return 20;
