@@ -41,6 +41,15 @@ class PlainComparison:
                 f"to plain decoding (what --drafter none produces)]")
 
 
+def plain_runs(spec, prompt, params: dict, chat: bool = True):
+    """Plain decoding of ``prompt`` in fast mode and, where the speculator runs exact mode, in exact mode:
+    (fast, reference). The faster of the two is a speedup's baseline (exact mode's compiled decode path can beat fast
+    mode's); the reference, plain decoding in the speculator's own numerics, is what its output must equal.
+    """
+    fast = spec.generate(prompt, chat=chat, speculate=False, exact=False, **params)
+    return fast, spec.generate(prompt, chat=chat, speculate=False, **params) if spec.exact else fast
+
+
 def compare_plain(spec, prompt, chat: bool, params: dict, first_spec: tuple[float, list[int]],
                   repeats: int = 3) -> PlainComparison:
     """Time plain decoding ``repeats`` times and speculative decoding ``repeats - 1`` more times, interleaved.
@@ -49,17 +58,16 @@ def compare_plain(spec, prompt, chat: bool, params: dict, first_spec: tuple[floa
     """
     if repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {repeats}")
-    spec_runs, plain_runs, ratios = [first_spec[0]], [], []
+    spec_tps, plain_tps, ratios = [first_spec[0]], [], []
     ids_seen, ref_ids = [first_spec[1]], None
     for r in range(repeats):
-        fast = spec.generate(prompt, chat=chat, speculate=False, exact=False, **params)
-        ref = spec.generate(prompt, chat=chat, speculate=False, **params) if spec.exact else fast
+        fast, ref = plain_runs(spec, prompt, params, chat)
         ref_ids = ref.token_ids if ref_ids is None else ref_ids
-        plain_runs.append(max(fast.tokens_per_second, ref.tokens_per_second))
+        plain_tps.append(max(fast.tokens_per_second, ref.tokens_per_second))
         if r > 0:
             out = spec.generate(prompt, chat=chat, **params)
-            spec_runs.append(out.tokens_per_second)
+            spec_tps.append(out.tokens_per_second)
             ids_seen.append(out.token_ids)
-        ratios.append(spec_runs[r] / plain_runs[r])
-    return PlainComparison(plain_tps=statistics.median(plain_runs), spec_tps=statistics.median(spec_runs),
+        ratios.append(spec_tps[r] / plain_tps[r])
+    return PlainComparison(plain_tps=statistics.median(plain_tps), spec_tps=statistics.median(spec_tps),
                            ratios=ratios, identical=all(ids == ref_ids for ids in ids_seen), reference_ids=ref_ids)

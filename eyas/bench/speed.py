@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from eyas.bench.plain_compare import plain_runs
+
 
 @dataclass
 class QuestionResult:
@@ -204,8 +206,7 @@ def bench_question(spec, q: dict, params: dict, hf: HFPeer | None, llama=None) -
     the faster of the two plain runs (exact mode's compiled decode path can beat fast mode's).
     """
     prompt = q["turns"][0]
-    fast_plain = spec.generate(prompt, speculate=False, exact=False, **params)
-    ref = spec.generate(prompt, speculate=False, **params) if spec.exact else fast_plain
+    fast_plain, ref = plain_runs(spec, prompt, params)
     plain = max(fast_plain, ref, key=lambda r: r.tokens_per_second)
     with _DraftClock(spec.drafter) as clock:
         fast = spec.generate(prompt, **params)
