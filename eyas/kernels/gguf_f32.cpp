@@ -5,7 +5,10 @@
 // the same weights in 98 MB. This kernel reads the blocks, rebuilds each weight as the float32 value eyas's loader
 // produced from the same file (gguf-py's formula, gguf_quants.h; eyas.models.gguf_blocks checks every row at load),
 // and multiplies it against every input row: with AVX-512 in registers as each block is rebuilt (up to 16 rows; past
-// that, and on AVX2, from an L1 buffer of the group's rebuilt weights).
+// that, and on AVX2, from an L1 buffer of the group's rebuilt weights). With AVX-512 it takes any number of rows,
+// so exact mode's prefill reads the blocks too (past 16 rows 8 weight rows at a time, K in L1-sized slices: ~130
+// GMAC/s on the 2-core Ice Lake VM, where MKL's float32 GEMM needs 73-90 ms for SmolLM2's projections at 17-48
+// rows against 18-43 ms here, and is ~3 % faster at 128).
 //
 // Numerics are skinny_gemm.cpp's, bit for bit: output (m, n) is the dot product of x[m] and W[n] accumulated in
 // 8 float32 lanes with fused multiply-add (lane l takes k = l, l + 8, ...), reduced by the fixed tree (l, l+4),
@@ -34,7 +37,7 @@ using namespace eyas_gguf;
 using namespace eyas_f32;
 
 constexpr int64_t NB = 4;         // weight rows per group: each block rebuilt once for every input row of a pass
-constexpr int64_t MAX_ROWS = 32;  // skinny_gemm.cpp's: past that the dense GEMM serves
+constexpr int64_t MAX_ROWS = 32;  // without AVX-512 (skinny_gemm.cpp's): past that the dense GEMM serves
 
 #ifdef EYAS_GGUF_F32
 inline __m256 half8(const uint8_t* p) {  // one fp16 broadcast to 8 lanes (hardware conversion)
@@ -223,6 +226,9 @@ void group_of(const float* xd, int64_t m, const uint8_t* const* w, int64_t k, st
   }
 }
 
+#include "gguf_f32_wide.h"  // past DIRECT_ROWS: 8 weight rows a pass, K in slices (defines EYAS_GGUF_F32_WIDE)
+
+
 void group(const float* xd, int64_t m, const uint8_t* const* w, int64_t k, int64_t, int64_t qtype,
            std::vector<float>& buf, float* out) {
   switch (qtype) {
@@ -277,12 +283,21 @@ torch::Tensor dequantize(torch::Tensor blocks, int64_t qtype, int64_t k) {
   return out;
 }
 
-// x [M, K] float32 (M <= MAX_ROWS), blocks [N, K / 32 * block_bytes] uint8, bias [N] or empty -> [M, N] float32
+// the most rows linear takes: any number where the many-row path is built (AVX-512), else MAX_ROWS
+int64_t max_rows() {
+#ifdef EYAS_GGUF_F32_WIDE
+  return INT64_MAX;
+#else
+  return MAX_ROWS;
+#endif
+}
+
+// x [M, K] float32 (M <= max_rows()), blocks [N, K / 32 * block_bytes] uint8, bias [N] or empty -> [M, N] float32
 torch::Tensor linear(torch::Tensor x, torch::Tensor blocks, int64_t qtype, torch::Tensor bias) {
 #ifdef EYAS_GGUF_F32
   const int64_t bb = block_bytes(qtype);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "gguf_f32.linear: x [M, K] float32");
-  TORCH_CHECK(x.size(0) <= MAX_ROWS, "gguf_f32.linear: at most ", MAX_ROWS, " rows");
+  TORCH_CHECK(x.size(0) <= max_rows(), "gguf_f32.linear: at most ", max_rows(), " rows");
   const int64_t m = x.size(0), k = x.size(1), n = blocks.size(0);
   const torch::Tensor b32 = checked_bias("gguf_f32.linear", x, blocks, qtype, bias);  // blocks and bias checked
   const float* bd = b32.defined() ? b32.data_ptr<float>() : nullptr;
@@ -292,9 +307,26 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor blocks, int64_t qtype, torch
   const uint8_t* wd = blocks.data_ptr<uint8_t>();
   float* od = out.data_ptr<float>();
   const int64_t row_bytes = blocks.size(1), groups = (n + NB - 1) / NB;
+#ifdef EYAS_GGUF_F32_WIDE
+  if (m > DIRECT_ROWS) {
+    at::parallel_for(0, (n + WIDE_NB - 1) / WIDE_NB, 4, [&](int64_t g0, int64_t g1) {
+      std::vector<float> buf, state, acc(static_cast<size_t>(m * WIDE_NB));
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t j0 = g * WIDE_NB, nr = std::min<int64_t>(WIDE_NB, n - j0);
+        const uint8_t* ws[WIDE_NB];
+        for (int64_t j = 0; j < WIDE_NB; ++j) ws[j] = wd + (j0 + std::min(j, nr - 1)) * row_bytes;
+        wide_group(xd, m, ws, k, qtype, buf, state, acc.data());
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < nr; ++j)
+            od[i * n + j0 + j] = bd ? acc[i * WIDE_NB + j] + bd[j0 + j] : acc[i * WIDE_NB + j];
+      }
+    });
+    return out;
+  }
+#endif
   at::parallel_for(0, groups, 8, [&](int64_t g0, int64_t g1) {
     std::vector<float> buf;
-    float acc[MAX_ROWS * NB];
+    float acc[MAX_ROWS * NB];  // m <= MAX_ROWS here (DIRECT_ROWS with AVX-512)
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t j0 = g * NB, nr = std::min<int64_t>(NB, n - j0);
       const uint8_t* ws[NB];
@@ -325,5 +357,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize", &dequantize, "GGUF blocks -> the float32 weights the kernel multiplies with");
   m.def("available", &available, "whether linear was built (AVX2, FMA and F16C at compile time)");
   m.def("block_bytes", &block_bytes, "bytes per 32-weight block of a GGML type");
-  m.def("max_rows", [] { return MAX_ROWS; }, "the most rows linear accepts");
+  m.def("max_rows", &max_rows, "the most rows linear accepts (any number with AVX-512)");
 }

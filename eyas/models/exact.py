@@ -22,6 +22,7 @@ from torch import nn
 
 from eyas.models.cpu import cpu_flags, cpu_name
 from eyas.models.gguf_blocks import F32_ROWS
+from eyas.models.gguf_blocks import f32_any_rows as _f32_any_rows
 
 # largest forward (tree nodes) exact mode checks; wider forwards are padded to it
 MAX_ROWS = 64
@@ -149,13 +150,15 @@ def linear(mod: nn.Module, x: torch.Tensor, floors: RowFloor | DecodeFloors | No
     with ``DecodeFloors``, a projection with GGUF blocks takes the row-invariant block kernel instead.
     """
     if floors is not None:
-        if type(floors) is DecodeFloors:
-            # decode / verify forwards run under inference mode on the model's own dtype and device, so the
-            # blocks' presence decides (blocks_of's checks cost ~1 us a call, 121 calls a token)
-            blocks = mod.__dict__.get("_eyas_blocks")
-            if blocks is not None and not x.requires_grad and not x.is_cuda and (
+        # exact forwards run under inference mode on the model's own dtype and device, so the blocks' presence
+        # decides (blocks_of's checks cost ~1 us a call, 121 calls a token)
+        blocks = mod.__dict__.get("_eyas_blocks")
+        if blocks is not None and not x.requires_grad and not x.is_cuda:
+            if x.dtype == torch.float32 and _f32_any_rows():
+                return blocks.linear(x, mod.bias)  # row-invariant at any count: prefill too, unpadded
+            if type(floors) is DecodeFloors and (
                     x.dtype == torch.bfloat16 or (x.dtype == torch.float32 and x.numel() <= F32_ROWS * x.shape[-1])):
-                return blocks.linear(x, mod.bias)  # both kernels are row-invariant: no padding
+                return blocks.linear(x, mod.bias)  # decode / verify: both kernels are row-invariant, no padding
         b, t, k = x.shape
         need = floors(mod)
         dense = getattr(mod, "dense", mod)

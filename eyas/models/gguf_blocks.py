@@ -16,11 +16,14 @@ forwards at every row count. Prefill keeps oneDNN. ``EYAS_GGUF_BLOCKS=0`` turns 
 float32 (CPUs without native bf16): the model is dequantised into float32 (540 MB a token for SmolLM2-135M) and
 ``eyas/kernels/gguf_f32.cpp`` rebuilds each float32 weight from its block the same way. It serves exactly where the
 few-row streaming kernel (``eyas/kernels/skinny_gemm.cpp``, eyas.models.packed) would and sums in its order, so
-every output is the same bits as before, read from 5.5x fewer bytes.
+every output is the same bits as before, read from 5.5x fewer bytes. Its AVX-512 build takes any number of rows
+(``f32_any_rows``): exact mode's prefill then reads the blocks as well, unpadded, instead of padding each chunk to
+the dense GEMM's row floor (a 41-token prompt's prefill 98 -> 48 ms on the Ice Lake VM, docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +37,7 @@ from eyas.models.int8_rows import Int8Rows, int8_head_ready, int8_serves, set_pr
 
 # fast mode: the most rows the block kernel takes (oneDNN's prepacked GEMM is as fast at 8 and faster past it)
 FAST_ROWS = 8
-# float32: the most rows ``eyas/kernels/gguf_f32.cpp`` takes (its MAX_ROWS, the streaming kernel's)
+# float32 without AVX-512: the most rows ``eyas/kernels/gguf_f32.cpp`` takes (its MAX_ROWS, the streaming kernel's)
 F32_ROWS = 32
 _SUPPORTED = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}  # GGML type name -> id
 
@@ -70,6 +73,16 @@ _EMPTY = torch.empty(0)
 _kernel = kernels.Lazy(kernels.gguf_bf16, usable=lambda k: k.available())  # None on a CPU without AVX512-BF16
 _kernel_f32 = kernels.Lazy(kernels.gguf_f32, usable=lambda k: k.available())  # None on a CPU without AVX2/FMA
 _KERNELS = {torch.bfloat16: _kernel, torch.float32: _kernel_f32}
+
+
+@functools.cache
+def f32_any_rows() -> bool:
+    """Whether the float32 block kernel takes any number of rows (its AVX-512 build): then exact mode's prefill
+    reads the blocks too (row-invariant at every count: no padding, the same bits in any chunking) instead of a dense
+    float32 GEMM (MKL at 17-48 rows cost ~3x the kernel on the Ice Lake VM, docs/benchmarks.md).
+    """
+    kernel = _kernel_f32()
+    return kernel is not None and kernel.max_rows() > 1 << 30
 
 
 def block_kernel():

@@ -28,6 +28,15 @@ TYPES = {name: ggml_id for name, (ggml_id, _) in GGUF_TYPES.items()}
 NONE = torch.empty(0)
 
 
+MANY_ROWS = 130  # a prefill chunk and more (the AVX-512 build takes any number of rows)
+
+
+def streaming(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """The streaming kernel's outputs for any number of rows: it is row-invariant, so in slices it takes."""
+    step = SKINNY.max_rows()
+    return torch.cat([SKINNY.linear(x[i : i + step], weight, bias) for i in range(0, x.shape[0], step)])
+
+
 def blocks_and_weight(qtype: str, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Random blocks (model-sized fp16 scales and minimums) and the loader's float32 weight from them."""
     raw = random_blocks(qtype, n, k, seed)
@@ -43,20 +52,23 @@ def test_dequantize_gives_the_loaders_float32_weights_bit_for_bit(qtype):
 
 
 @pytest.mark.parametrize("qtype", TYPES)
-@pytest.mark.parametrize("n,k", [(96, 576), (37, 1536), (6, 32)])  # 37, 6: groups short of 4 rows
+# 37, 6, 10 rows: short groups; K 1312: uneven slices (the AVX-512 many-row path)
+@pytest.mark.parametrize("n,k", [(96, 576), (37, 1536), (6, 32), (10, 1312)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_linear_is_the_streaming_kernel_on_the_dense_weight_bit_for_bit(qtype, n, k, threads):
     raw, weight = blocks_and_weight(qtype, n, k, seed=n)
     torch.manual_seed(k)
-    x, bias = torch.randn(KERNEL.max_rows(), k), torch.randn(n)
+    x, bias = torch.randn(MANY_ROWS, k), torch.randn(n)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        # every pass shape (1-8 rows rebuilt in registers, passes of 8 to 16, the buffered path past that) and row
-        # invariance across them
-        for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17, 24, 32):
+        # every pass shape (1-8 rows rebuilt in registers, passes of 8 to 16, the buffered path past that; with
+        # AVX-512 past 16 rows passes of 1-6 rows against 8 weight rows, K in slices) and row invariance across them
+        for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17, 18, 19, 21, 23, 24, 32, 33, 47, MANY_ROWS):
+            if m > KERNEL.max_rows():
+                continue
             for b in (NONE, bias):
-                got, want = KERNEL.linear(x[:m], raw, TYPES[qtype], b), SKINNY.linear(x[:m], weight, b)
+                got, want = KERNEL.linear(x[:m], raw, TYPES[qtype], b), streaming(x[:m], weight, b)
                 assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (m, b.numel())
     finally:
         torch.set_num_threads(old)
@@ -88,8 +100,9 @@ def test_bad_input_is_named():
     raw, _ = blocks_and_weight("Q8_0", 8, 64)
     with pytest.raises(RuntimeError, match="float32"):
         KERNEL.linear(torch.randn(2, 64).double(), raw, 8, NONE)
-    with pytest.raises(RuntimeError, match="at most"):
-        KERNEL.linear(torch.randn(KERNEL.max_rows() + 1, 64), raw, 8, NONE)
+    if KERNEL.max_rows() < MANY_ROWS:  # without AVX-512 past 32 rows the dense GEMM serves
+        with pytest.raises(RuntimeError, match="at most"):
+            KERNEL.linear(torch.randn(KERNEL.max_rows() + 1, 64), raw, 8, NONE)
     with pytest.raises(RuntimeError, match="blocks \\[N, K / 32"):
         KERNEL.linear(torch.randn(2, 96), raw, 8, NONE)
     with pytest.raises(RuntimeError, match="unsupported GGML type"):
@@ -137,8 +150,8 @@ def test_embedded_default_float32_attaches_every_projection(default_target, monk
 @pytest.mark.parametrize("exact", [False, True])
 def test_embedded_default_float32_speculative_equals_plain_on_the_blocks(default_target, exact, monkeypatch):
     """Plain decoding and tree verification both read the blocks (in exact mode too, unpadded: the kernel is
-    row-invariant); the output is plain decoding's, token for token, and the same tokens as with the blocks switched
-    off (the dense weights)."""
+    row-invariant; there, with the AVX-512 build, the prompt's projections as well); the output is plain decoding's,
+    token for token, and here the same tokens as with the blocks switched off (the dense weights)."""
     from eyas.api import Speculator
     from eyas.drafters.loading import DrafterSpec
 
@@ -147,7 +160,8 @@ def test_embedded_default_float32_speculative_equals_plain_on_the_blocks(default
     rows = spy_target_block_rows(monkeypatch, loaded.model)  # the target's projections (not the head's Q8_0 blocks)
     prompt = "List three facts about the moon, one per line."
     plain = spec.generate(prompt, speculate=False, max_new_tokens=40)
-    assert rows and set(rows) == {1}, "plain float32 decoding did not read the blocks one row at a time"
+    prompt_rows = {spec.encode(prompt).shape[0]} if exact and gguf_blocks.f32_any_rows() else set()  # exact prefill
+    assert 1 in rows and set(rows) - prompt_rows == {1}, "plain decoding did not read the blocks one row at a time"
     rows.clear()
     fast = spec.generate(prompt, max_new_tokens=40)
     assert fast.token_ids == plain.token_ids
@@ -163,10 +177,12 @@ def test_embedded_default_float32_speculative_equals_plain_on_the_blocks(default
     assert dense.token_ids == plain.token_ids
 
 
-def test_exact_prefill_takes_its_logit_row_from_the_block_kernel(default_target, monkeypatch):
-    """Exact prefill pads the projections that write the cache (chunking invariance) but its one logit row, the
-    last token's, goes through the row-invariant block kernel, as a decode step's does: the logits are the kernel's
-    on the final hidden row, bit for bit, and the first token is the same whatever the chunks."""
+def test_exact_prefill_reads_the_blocks_and_fills_the_same_cache_in_any_chunking(default_target, monkeypatch):
+    """Exact prefill must give the cache the same bits whatever the chunks. With the AVX-512 build the block kernel
+    takes any number of rows, so every projection reads the blocks with its chunk's rows, unpadded (row-invariant);
+    without it the cache's projections pad on the dense GEMM and only a chunk's logit row, the last token's, reads
+    the blocks. Either way the logits are the kernel's on the final hidden row, bit for bit, and the cache and the
+    first token are the same in one chunk of 45 rows and in chunks of 16, 16 and 13."""
     from eyas.decode import DecodeConfig, SpecDecoder, prefill_spans
     from eyas.models.base import ForwardOutput
 
@@ -178,17 +194,24 @@ def test_exact_prefill_takes_its_logit_row_from_the_block_kernel(default_target,
     run = model.run
     monkeypatch.setattr(model, "run", lambda *a: (outs.append(run(*a)), outs[-1])[1])
     rows = spy_target_block_rows(monkeypatch, model)
-    firsts = []
+    firsts, caches = [], []
     for spans in (prefill_spans(t, 128), prefill_spans(t, 16)):
         outs.clear()
         rows.clear()
         dec = SpecDecoder(model, None, DecodeConfig(max_new_tokens=2, exact=True))
         *_, seq = dec.prefill_steps(prompt, spans=spans)
-        assert rows == [1] * len(outs), "only a chunk's logit row reads the blocks (the cache's projections pad)"
+        if gguf_blocks.f32_any_rows():
+            per_chunk = 4 * model.config.num_layers  # qkv, o, gate_up, down a layer, then the logit row
+            assert rows == [n for s, e in spans for n in [e - s] * per_chunk + [1]]
+        else:
+            assert rows == [1] * len(outs), "only a chunk's logit row reads the blocks (the cache's projections pad)"
         last = outs[-1]
         assert torch.equal(last.logits[0, 0], blocks.linear(last.hidden[0, -1:], None)[0])
         firsts.append(seq.history[-1].item())
+        caches.append((seq.cache.k[..., :t, :].clone(), seq.cache.v[..., :t, :].clone()))
     assert firsts[0] == firsts[1]
+    for one, chunked in zip(caches[0], caches[1], strict=True):
+        assert torch.equal(one, chunked)
 
 
 def test_exact_mode_is_the_float32_default_only_where_every_projection_reads_blocks(default_target, tiny):

@@ -1,0 +1,79 @@
+"""Exact-mode float32 prefill on the GGUF-block kernel against the dense GEMM it replaced, alternating in one process.
+
+Since the float32 block kernel's AVX-512 build takes any number of rows (``eyas.models.gguf_blocks.f32_any_rows``),
+exact mode's prefill reads the blocks, unpadded. "dense" switches that off for a run (each chunk's projections padded
+to the dense GEMM's row floor, MKL, as before). Per prompt: the median prefill time of each over ``--repeats``
+alternating runs (plain decoding, one new token; the speculative prefill adds the head's pass over the prompt, the
+same on both), and whether both give the same first token. Prompts: the tuning questions (never evaluation sets) and
+any ``--prompt``; ``--pad`` repeats each prompt's text to reach longer prompts.
+
+python scripts/tune_questions.py --out /tmp/tune.jsonl
+python scripts/prefill_ab.py --questions /tmp/tune.jsonl --limit 6 \
+    --prompt "Write a short story about a robot learning to paint."
+python scripts/prefill_ab.py --questions /tmp/tune.jsonl --limit 4 --pad 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import eyas
+import eyas.models.exact as exact
+
+
+def prefill_ms(spec, prompt: str, dense: bool) -> tuple[float, int]:
+    """One plain generation of one token: (prefill ms, first token id), the dense GEMM or the blocks."""
+    real = exact._f32_any_rows
+    if dense:
+        exact._f32_any_rows = lambda: False
+    try:
+        t0 = time.perf_counter()
+        r = spec.generate(prompt, max_new_tokens=1, speculate=False)
+        total = time.perf_counter() - t0
+    finally:
+        exact._f32_any_rows = real
+    return 1e3 * (r.prefill_seconds or total), r.token_ids[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--questions", default=None)
+    ap.add_argument("--limit", type=int, default=6)
+    ap.add_argument("--prompt", action="append", default=[])
+    ap.add_argument("--pad", type=int, default=1, help="repeat each prompt's text this many times")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--dtype", default="float32")
+    a = ap.parse_args()
+    prompts = [json.loads(line)["turns"][0] for line in open(a.questions)][: a.limit] if a.questions else []
+    prompts = [" ".join([p] * a.pad) for p in [*a.prompt, *prompts]]
+    spec = eyas.load(dtype=a.dtype)
+    if not exact._f32_any_rows():
+        raise SystemExit("the float32 block kernel does not take every row count here (it needs AVX-512 and a "
+                         "float32 target with GGUF blocks): nothing to compare")
+    print(f"exact mode {spec.exact}, dtype {a.dtype}")
+    for dense in (True, False):  # warm both paths
+        prefill_ms(spec, prompts[0], dense)
+    totals = {True: 0.0, False: 0.0}
+    for p in prompts:
+        times: dict[bool, list[float]] = {True: [], False: []}
+        firsts: dict[bool, set[int]] = {True: set(), False: set()}
+        for _ in range(a.repeats):
+            for dense in (True, False):
+                ms, tok = prefill_ms(spec, p, dense)
+                times[dense].append(ms)
+                firsts[dense].add(tok)
+        med = {d: statistics.median(v) for d, v in times.items()}
+        for d in med:
+            totals[d] += med[d]
+        same = "same first token" if firsts[True] == firsts[False] and len(firsts[True]) == 1 else f"first {firsts}"
+        print(f"{spec.encode(p).shape[0]:5d} tokens  dense {med[True]:7.1f} ms  blocks {med[False]:7.1f} ms  "
+              f"{med[True] / med[False]:4.2f}x  {same}")
+    d, b = totals[True], totals[False]
+    print(f"all prompts: dense {d:.1f} ms, blocks {b:.1f} ms, {d / b:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
