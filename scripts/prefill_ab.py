@@ -11,6 +11,7 @@ python scripts/tune_questions.py --out /tmp/tune.jsonl
 python scripts/prefill_ab.py --questions /tmp/tune.jsonl --limit 6 \
     --prompt "Write a short story about a robot learning to paint."
 python scripts/prefill_ab.py --questions /tmp/tune.jsonl --limit 4 --pad 3
+python scripts/prefill_ab.py --rows 17,32,41,64,96,128   # the layers' 120 projections alone, best of 3 passes
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import argparse
 import json
 import statistics
 import time
+
+import torch
 
 import eyas
 import eyas.models.exact as exact
@@ -38,6 +41,25 @@ def prefill_ms(spec, prompt: str, dense: bool) -> tuple[float, int]:
     return 1e3 * (r.prefill_seconds or total), r.token_ids[0]
 
 
+def projections(spec, rows: list[int], passes: int = 3) -> None:
+    """The layers' projections (not the vocabulary row) at each row count: the dense GEMM against the blocks."""
+    mods = [m for m in spec.target.model.model.layers.modules() if "_eyas_blocks" in m.__dict__]
+    for m in rows:
+        xs = [torch.randn(m, mod.in_features) for mod in mods]
+        best = {}
+        for name in ("dense", "blocks"):
+            runs = []
+            for _ in range(passes):
+                t0 = time.perf_counter()
+                with torch.inference_mode():
+                    for mod, x in zip(mods, xs, strict=True):
+                        mod.dense(x) if name == "dense" else mod.__dict__["_eyas_blocks"].linear(x, None)
+                runs.append(time.perf_counter() - t0)
+            best[name] = 1e3 * min(runs)
+        print(f"{m:4d} rows, {len(mods)} projections: dense {best['dense']:6.1f} ms  blocks {best['blocks']:6.1f} ms  "
+              f"{best['dense'] / best['blocks']:4.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--questions", default=None)
@@ -46,14 +68,21 @@ def main() -> None:
     ap.add_argument("--pad", type=int, default=1, help="repeat each prompt's text this many times")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--rows", default=None, help="comma-separated row counts: time the projections alone")
     a = ap.parse_args()
     prompts = [json.loads(line)["turns"][0] for line in open(a.questions)][: a.limit] if a.questions else []
     prompts = [" ".join([p] * a.pad) for p in [*a.prompt, *prompts]]
+    if not prompts and not a.rows:
+        ap.error("nothing to time: give --questions, --prompt or --rows")
     spec = eyas.load(dtype=a.dtype)
     if not exact._f32_any_rows():
         raise SystemExit("the float32 block kernel does not take every row count here (it needs AVX-512 and a "
                          "float32 target with GGUF blocks): nothing to compare")
     print(f"exact mode {spec.exact}, dtype {a.dtype}")
+    if a.rows:
+        projections(spec, [int(r) for r in a.rows.split(",")])
+        if not prompts:
+            return
     for dense in (True, False):  # warm both paths
         prefill_ms(spec, prompts[0], dense)
     totals = {True: 0.0, False: 0.0}

@@ -38,7 +38,7 @@ from torch import nn
 
 from eyas import kernels
 from eyas.models.cpu import cpu_flags, native_bf16
-from eyas.models.gguf_blocks import FAST_ROWS, blocks_of
+from eyas.models.gguf_blocks import FAST_ROWS, GGUFBlocks, blocks_of, f32_any_rows
 
 _lock = threading.Lock()
 _packed_bytes = 0  # all PackedLinear copies made in this process
@@ -76,6 +76,9 @@ class PackedLinear(nn.Linear):
         """
         blocks = blocks_of(self, x)
         if blocks is not None and x.numel() <= FAST_ROWS * x.shape[-1]:
+            return blocks.linear(x, self.bias)
+        blocks = many_rows_blocks(self, x)
+        if blocks is not None:
             return blocks.linear(x, self.bias)
         return self.dense(x)
 
@@ -127,6 +130,25 @@ class PackedLinear(nn.Linear):
                 packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)
             self.__dict__["_eyas_packed"] = (key, packed)
         return packed
+
+
+# float32 fast mode: up to this many rows the block kernel's AVX-512 build beats MKL's GEMM (at 17-48 rows MKL costs
+# 2-4x the kernel on the Ice Lake VM, at 96 the same, at 128 3 % less, at 256 17 % less: scripts/prefill_ab.py --rows)
+F32_GEMM_ROWS = 96
+
+
+def many_rows_blocks(mod: nn.Module, x: torch.Tensor) -> GGUFBlocks | None:
+    """``mod``'s GGUF blocks for float32 CPU inference past the streaming kernel's rows, up to ``F32_GEMM_ROWS``,
+    where their kernel takes that many (its AVX-512 build, ``f32_any_rows``), else None (MKL's GEMM): fast mode's
+    prefill chunks, ``eyas data``'s batched rows, a draft head's fused taps over a prompt. Exact mode reads the blocks
+    at every count (eyas.models.exact.linear). A head's int8 rows stay on the GEMM: measured slower past 16 rows.
+    """
+    blocks = mod.__dict__.get("_eyas_blocks")
+    if not isinstance(blocks, GGUFBlocks) or x.dtype != torch.float32 or x.device.type != "cpu":
+        return None
+    if (torch.is_grad_enabled() and x.requires_grad) or x.numel() > F32_GEMM_ROWS * x.shape[-1] or not f32_any_rows():
+        return None
+    return blocks
 
 
 _EMPTY = torch.empty(0)
