@@ -147,7 +147,8 @@ class DecodeFloors:
 def linear(mod: nn.Module, x: torch.Tensor, floors: RowFloor | DecodeFloors | None) -> torch.Tensor:
     """x: [B, T, K] -> [B, T, N] through ``mod`` (nn.Linear or an int8 layer). With ``floors`` (exact mode),
     fewer rows than the probed floor are zero-padded so the GEMM runs the kernel every larger forward runs;
-    with ``DecodeFloors``, a projection with GGUF blocks takes the row-invariant block kernel instead.
+    with ``DecodeFloors``, a projection with GGUF blocks takes the row-invariant block kernel instead, and in float32
+    with the kernel's AVX-512 build (``f32_any_rows``) every exact forward does, prefill included.
     """
     if floors is not None:
         # exact forwards run under inference mode on the model's own dtype and device, so the blocks' presence
