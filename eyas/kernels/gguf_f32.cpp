@@ -6,9 +6,9 @@
 // produced from the same file (gguf-py's formula, gguf_quants.h; eyas.models.gguf_blocks checks every row at load),
 // and multiplies it against every input row: with AVX-512 in registers as each block is rebuilt (up to 16 rows; past
 // that, and on AVX2, from an L1 buffer of the group's rebuilt weights). With AVX-512 it takes any number of rows,
-// so exact mode's prefill reads the blocks too (past 16 rows 8 weight rows at a time, K in L1-sized slices: ~130
-// GMAC/s on the 2-core Ice Lake VM, where MKL's float32 GEMM needs 73-90 ms for SmolLM2's projections at 17-48
-// rows against 18-43 ms here, and is ~3 % faster at 128).
+// so exact mode's prefill reads the blocks too (past 16 rows 8 weight rows at a time, K in L1-sized slices: ~140
+// GMAC/s on the 2-core Ice Lake VM, where MKL's float32 GEMM needs 68-91 ms for SmolLM2's projections at 17-64
+// rows against 19-51 ms here, 1.04x MKL's speed at 128 rows, 0.90x at 256).
 //
 // Numerics are skinny_gemm.cpp's, bit for bit: output (m, n) is the dot product of x[m] and W[n] accumulated in
 // 8 float32 lanes with fused multiply-add (lane l takes k = l, l + 8, ...), reduced by the fixed tree (l, l+4),

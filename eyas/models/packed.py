@@ -133,8 +133,8 @@ class PackedLinear(nn.Linear):
 
 
 # float32 fast mode: up to this many rows the block kernel's AVX-512 build beats MKL's GEMM (at 17-48 rows MKL costs
-# 2-4x the kernel on the Ice Lake VM, at 96 the same, at 128 3 % less, at 256 17 % less: scripts/prefill_ab.py --rows)
-F32_GEMM_ROWS = 96
+# 2.3-4x the kernel on the Ice Lake VM, at 96 1.12x, at 128 1.04x, at 256 0.90x: scripts/prefill_ab.py --rows)
+F32_GEMM_ROWS = 128
 
 
 def many_rows_blocks(mod: nn.Module, x: torch.Tensor) -> GGUFBlocks | None:
