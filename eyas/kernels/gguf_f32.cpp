@@ -228,7 +228,6 @@ void group_of(const float* xd, int64_t m, const uint8_t* const* w, int64_t k, st
 
 #include "gguf_f32_wide.h"  // past DIRECT_ROWS: 8 weight rows a pass, K in slices (defines EYAS_GGUF_F32_WIDE)
 
-
 void group(const float* xd, int64_t m, const uint8_t* const* w, int64_t k, int64_t, int64_t qtype,
            std::vector<float>& buf, float* out) {
   switch (qtype) {

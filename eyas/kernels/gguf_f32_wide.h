@@ -4,12 +4,12 @@
 #pragma once
 
 // Many rows (prefill): 8 weight rows rebuilt into the buffer as four pairs, and passes of up to 6 input rows against
-// all four: each input chunk loaded feeds 8 multiply-adds instead of 4 (half the reads of x per sum), 24 accumulators.
+// all four pairs: each input chunk loaded feeds 8 multiply-adds instead of 4 (half the reads of x per sum), 24 accumulators.
 // Every output's lanes take the same k in the same order as on the other paths: the same bits.
 constexpr int64_t WIDE_NB = 8;
 constexpr int WIDE_MR = 6;
 
-// Weights rebuilt per slice of at most WIDE_K inputs, so the slice's buffer (8 rows, 16 KB) and a pass's inputs stay
+// Weights rebuilt per slice of at most WIDE_K inputs, so the slice's buffer (8 rows, at most 20 KB) and a pass's inputs stay
 // in L1; the accumulators carry over between slices through memory (a store and a load: the same sums).
 constexpr int64_t WIDE_K = 640;
 

@@ -18,7 +18,7 @@ float32 (CPUs without native bf16): the model is dequantised into float32 (540 M
 few-row streaming kernel (``eyas/kernels/skinny_gemm.cpp``, eyas.models.packed) would and sums in its order, so
 every output is the same bits as before, read from 5.5x fewer bytes. Its AVX-512 build takes any number of rows
 (``f32_any_rows``): exact mode's prefill then reads the blocks as well, unpadded, instead of padding each chunk to
-the dense GEMM's row floor (a 41-token prompt's prefill 98 -> 48 ms on the Ice Lake VM, docs/benchmarks.md).
+the dense GEMM's row floor (a 41-token prompt's prefill 100 -> 47 ms on the Ice Lake VM, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ _KERNELS = {torch.bfloat16: _kernel, torch.float32: _kernel_f32}
 def f32_any_rows() -> bool:
     """Whether the float32 block kernel takes any number of rows (its AVX-512 build): then exact mode's prefill
     reads the blocks too (row-invariant at every count: no padding, the same bits in any chunking) instead of a dense
-    float32 GEMM (MKL at 17-48 rows cost ~3x the kernel on the Ice Lake VM, docs/benchmarks.md).
+    float32 GEMM (MKL at 17-48 rows cost 2.3-4x the kernel on the Ice Lake VM, docs/benchmarks.md).
     """
     kernel = _kernel_f32()
     return kernel is not None and kernel.max_rows() > 1 << 30
