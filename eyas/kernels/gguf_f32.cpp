@@ -166,62 +166,29 @@ __attribute__((noinline)) void direct_pass(const float* x, const uint8_t* const*
   reduce_out<MR>(acc, out);
 }
 
-// rows x[0 .. MR) against a buffer of the group's rebuilt weights as two pairs (2k floats each; chunk c of pair p:
-// row 2p's k in [8c, 8c + 8), then row 2p + 1's)
-template <int MR>
-__attribute__((noinline)) void buffered_pass(const float* x, const float* const* pairs, int64_t k, float* out) {
-  __m512 acc[MR][2];
-  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < k / 8; ++c) {
-    const __m512 w0 = _mm512_loadu_ps(pairs[0] + 16 * c), w1 = _mm512_loadu_ps(pairs[1] + 16 * c);
-    for (int i = 0; i < MR; ++i) {
-      const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + i * k + 8 * c));
-      acc[i][0] = _mm512_fmadd_ps(xv, w0, acc[i][0]);
-      acc[i][1] = _mm512_fmadd_ps(xv, w1, acc[i][1]);
-    }
-  }
-  reduce_out<MR>(acc, out);
-}
-
-inline void store_pair_half(float* pair, int64_t chunk, int half, __m512 v) {  // v = 16 weights = chunks c, c + 1
-  float* dst = pair + 16 * chunk + 8 * half;
-  _mm256_storeu_ps(dst, _mm512_castps512_ps256(v));
-  _mm512_mask_storeu_ps(dst + 16 - 8, 0xFF00, v);  // lanes 8..15 to the next chunk's half, no shuffle
-}
-
-// Past DIRECT_ROWS input rows, rebuilding the blocks once per pass of 8 costs more than rebuilding them once into the
-// L1 buffer every pass reads (Ice Lake VM, all passes rebuilding: 32 rows 0.91x the buffer's speed, 16 the same, 9 1.05x).
+// Past DIRECT_ROWS input rows, rebuilding the blocks once per pass of 8 costs more than rebuilding them once into an
+// L1 buffer every pass reads (Ice Lake VM, all passes rebuilding: 32 rows 0.91x the buffer's speed, 16 the same, 9
+// 1.05x): there gguf_f32_wide.h's path serves.
 constexpr int64_t DIRECT_ROWS = 16;
 
-// m rows of x against the 4 weight rows whose blocks start at w[j] (a short group repeats its last row): out[i * 4 + j]
+// m <= DIRECT_ROWS rows of x against the 4 weight rows whose blocks start at w[j] (a short group repeats its last
+// row): out[i * 4 + j]
 template <int64_t QT>
-void group_of(const float* xd, int64_t m, const uint8_t* const* w, int64_t k, std::vector<float>& buf, float* out) {
-  const float* ps[2] = {nullptr, nullptr};
-  if (m > DIRECT_ROWS) {
-    constexpr int64_t bb = block_bytes(QT);
-    buf.resize(static_cast<size_t>(4 * k));
-    float* pairs[2] = {buf.data(), buf.data() + 2 * k};
-    for (int j = 0; j < 4; ++j)
-      for (int64_t b = 0; b < k / QK; ++b) {
-        __m512 lo, hi;
-        dequant_block16<QT>(w[j] + bb * b, lo, hi);
-        store_pair_half(pairs[j / 2], 4 * b, j % 2, lo);
-        store_pair_half(pairs[j / 2], 4 * b + 2, j % 2, hi);
-      }
-    ps[0] = pairs[0];
-    ps[1] = pairs[1];
-  }
+void group_of(const float* xd, int64_t m, const uint8_t* const* w, int64_t k, float* out) {
   for (int64_t i = 0; i < m;) {
     const int rows = static_cast<int>(std::min<int64_t>(m - i, MR_MAX));
     const float* x = xd + i * k;
     float* o = out + i * 4;
-#define EYAS_PASS(R) \
-  case R: ps[0] ? buffered_pass<R>(x, ps, k, o) : direct_pass<R, QT>(x, w, k, o); break;
     switch (rows) {
-      EYAS_PASS(8) EYAS_PASS(7) EYAS_PASS(6) EYAS_PASS(5) EYAS_PASS(4) EYAS_PASS(3) EYAS_PASS(2)
-      default: ps[0] ? buffered_pass<1>(x, ps, k, o) : direct_pass<1, QT>(x, w, k, o); break;
+      case 8: direct_pass<8, QT>(x, w, k, o); break;
+      case 7: direct_pass<7, QT>(x, w, k, o); break;
+      case 6: direct_pass<6, QT>(x, w, k, o); break;
+      case 5: direct_pass<5, QT>(x, w, k, o); break;
+      case 4: direct_pass<4, QT>(x, w, k, o); break;
+      case 3: direct_pass<3, QT>(x, w, k, o); break;
+      case 2: direct_pass<2, QT>(x, w, k, o); break;
+      default: direct_pass<1, QT>(x, w, k, o); break;
     }
-#undef EYAS_PASS
     i += rows;
   }
 }
@@ -229,11 +196,11 @@ void group_of(const float* xd, int64_t m, const uint8_t* const* w, int64_t k, st
 #include "gguf_f32_wide.h"  // past DIRECT_ROWS: 8 weight rows a pass, K in slices (defines EYAS_GGUF_F32_WIDE)
 
 void group(const float* xd, int64_t m, const uint8_t* const* w, int64_t k, int64_t, int64_t qtype,
-           std::vector<float>& buf, float* out) {
+           std::vector<float>&, float* out) {  // (no buffer: past DIRECT_ROWS linear takes the wide path)
   switch (qtype) {
-    case Q8_0: group_of<Q8_0>(xd, m, w, k, buf, out); break;
-    case Q4_1: group_of<Q4_1>(xd, m, w, k, buf, out); break;
-    default: group_of<Q4_0>(xd, m, w, k, buf, out); break;
+    case Q8_0: group_of<Q8_0>(xd, m, w, k, out); break;
+    case Q4_1: group_of<Q4_1>(xd, m, w, k, out); break;
+    default: group_of<Q4_0>(xd, m, w, k, out); break;
   }
 }
 #else

@@ -1,7 +1,14 @@
 // The float32 block kernel's many-row path (AVX-512): prefill chunks and wide verify forwards, past 16 input rows.
-// Part of gguf_f32.cpp: included inside its anonymous namespace, after dequant_block16 and store_pair_half, whose
-// block layout and pair buffer it shares; every output keeps the sums (and bits) of the other paths.
+// Part of gguf_f32.cpp: included inside its anonymous namespace, after dequant_block16 (the block rebuilt in
+// registers) and reduce8's tree; every output keeps the sums (and bits) of the register path.
 #pragma once
+
+// pair buffer layout: chunk c of a pair holds row 2p's k in [8c, 8c + 8), then row 2p + 1's
+inline void store_pair_half(float* pair, int64_t chunk, int half, __m512 v) {  // v = 16 weights = chunks c, c + 1
+  float* dst = pair + 16 * chunk + 8 * half;
+  _mm256_storeu_ps(dst, _mm512_castps512_ps256(v));
+  _mm512_mask_storeu_ps(dst + 16 - 8, 0xFF00, v);  // lanes 8..15 to the next chunk's half, no shuffle
+}
 
 // Many rows (prefill): 8 weight rows rebuilt into the buffer as four pairs, and passes of up to 6 input rows against
 // all four pairs: each input chunk loaded feeds 8 multiply-adds instead of 4 (half the reads of x per sum), 24 accumulators.

@@ -138,8 +138,9 @@ F32_GEMM_ROWS = 128
 
 
 def many_rows_blocks(mod: nn.Module, x: torch.Tensor) -> GGUFBlocks | None:
-    """``mod``'s GGUF blocks for float32 CPU inference past the streaming kernel's rows, up to ``F32_GEMM_ROWS``,
-    where their kernel takes that many (its AVX-512 build, ``f32_any_rows``), else None (MKL's GEMM): fast mode's
+    """``mod``'s GGUF blocks for float32 CPU inference of up to ``F32_GEMM_ROWS`` rows where their kernel takes that
+    many (its AVX-512 build, ``f32_any_rows``; up to the streaming kernel's rows ``dense`` reads them too, the same
+    sums), else None (past the streaming kernel's rows, MKL's GEMM): fast mode's
     prefill chunks, ``eyas data``'s batched rows, a draft head's fused taps over a prompt. Exact mode reads the blocks
     at every count (eyas.models.exact.linear). A head's int8 rows stay on the GEMM: measured slower past 16 rows.
     """
