@@ -25,7 +25,8 @@
 
 #include "gguf_quants.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512BF16__) && defined(__F16C__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__) && \
+    defined(__AVX512BF16__) && defined(__F16C__)
 #include <immintrin.h>
 #define EYAS_GGUF_BF16 1
 #endif
@@ -80,15 +81,40 @@ inline float reduce16(__m512 v) {  // fixed tree: (l, l+8), (l, l+4), (l, l+2), 
   return _mm_cvtss_f32(b);
 }
 
+// four outputs' 16 lanes at once, each by reduce16's tree and operand order: (l, l+8) across 256-bit halves, (l, l+4)
+// across 128-bit quarters, then (l, l+2) and (l, l+1) inside each quarter; the same bits in ~14 instructions instead
+// of ~36 (with 18 blocks a row, as most of SmolLM2's projections have, the reductions were ~1/3 of a row's work)
+inline __m128 reduce16x4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+  // quarter q holds output q's 4 partial sums
+  __m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+  s = _mm512_add_ps(s, _mm512_permute_ps(s, 0xEE));  // lanes (0, 1) of each quarter: (0 + 2, 1 + 3)
+  s = _mm512_add_ps(s, _mm512_movehdup_ps(s));       // lane 0 of each quarter: (0 + 2) + (1 + 3)
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12), s));
+}
+
+// four float sums (+ bias) -> bf16 at dst, rounded as c10::BFloat16(float): NaN -> 0x7FC0, else to nearest even
+inline void store_bf16x4(__m128 v, uint16_t* dst) {
+  const __m128i u = _mm_castps_si128(v);
+  const __m128i lsb = _mm_and_si128(_mm_srli_epi32(u, 16), _mm_set1_epi32(1));
+  __m128i r = _mm_srli_epi32(_mm_add_epi32(_mm_add_epi32(u, _mm_set1_epi32(0x7FFF)), lsb), 16);
+  r = _mm_mask_blend_epi32(_mm_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, _mm_set1_epi32(0x7FC0));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_cvtepi32_epi16(r));
+}
+
 constexpr int NB = 4;      // weight rows per group
 constexpr int MR = 4;      // input rows per register block
 constexpr int MAX_M = 64;  // input rows per pass over a group's dequantised weights
-constexpr int PF_GROUPS = 4;  // software prefetch distance, in groups
+constexpr int PF_GROUPS = 2;  // software prefetch distance, in groups
 
 // Per-CPU choices that change no bit (each accumulator's chain is the same either way), only the time: set once per
 // machine by eyas.models.gguf_tuning from a timing at load (set_tuning).
-//   prefetch: with several rows, prefetch the group PF_GROUPS ahead while this one computes (Zen 5: memory and math
-//             overlap; Zen 4: measured slower, 2 rows 9.4 -> 8.1 ms without it, 121 projections)
+//   prefetch: with several rows, each block's dequantisation prefetches the same block of the group PF_GROUPS ahead,
+//             so the weights stream from memory while the rows' products are computed (without it a multi-row call
+//             is memory time + math time). Spread one a block: all of a group's lines at once measured slower on
+//             Zen 4 (they fill the miss queue ahead of the group's own loads). Zen 4, 121 projections, one process
+//             (docs/benchmarks.md): 2 / 4 / 8 rows 0.955x / 0.952x / ~0.87x the time without it, 1 row no change.
 //   pair_as_triple: 2 rows run as a 3-row block, the third repeating the second into scratch (Zen 5: 2-row chains
 //             measured slower than 3-row ones; Zen 4, double-pumped AVX-512, pays for the extra row's math)
 struct Tuning {
@@ -111,21 +137,34 @@ inline void micro(const uint16_t* const* x, const uint16_t* const* w, int64_t nb
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, (__m512bh)wv[j]);
     }
   }
-  for (int i = 0; i < MRr; ++i)
-    for (int j = 0; j < NR; ++j) out[i * ldo + j] = reduce16(acc[i][j]);
+  for (int i = 0; i < MRr; ++i) {
+    if constexpr (NR == 4) {
+      _mm_storeu_ps(out + i * ldo, reduce16x4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+    } else {
+      for (int j = 0; j < NR; ++j) out[i * ldo + j] = reduce16(acc[i][j]);
+    }
+  }
 }
 
 template <int NR>
 void group(const uint16_t* xd, int64_t m, const uint8_t* const* w, int64_t k, int64_t bb, int64_t qtype,
-           std::vector<uint16_t>& buf, float* out, int64_t ldo) {
+           uint16_t* buf, float* out, int64_t ldo, const uint8_t* pf) {
   // dequantised into an L1-sized buffer first, also for one row: independent blocks keep more of them in flight
-  // than dequantising inside the accumulation chain (measured: 1-row [49152, 576] Q8_0 1.47 -> 0.79 ms, Zen 5)
+  // than dequantising inside the accumulation chain (measured: 1-row [49152, 576] Q8_0 1.47 -> 0.79 ms, Zen 5).
+  // pf: where the group PF_GROUPS ahead starts (its row j block b prefetched beside this one's), or null
   const int64_t nblk = k / QK;
-  buf.resize(static_cast<size_t>(NR * k));
   const uint16_t* ws[NR];
   for (int j = 0; j < NR; ++j) {
-    uint16_t* dst = buf.data() + j * k;
-    for (int64_t b = 0; b < nblk; ++b) _mm512_storeu_si512(dst + QK * b, dequant_block(w[j] + bb * b, qtype));
+    uint16_t* dst = buf + j * k;
+    if (pf == nullptr) {
+      for (int64_t b = 0; b < nblk; ++b) _mm512_storeu_si512(dst + QK * b, dequant_block(w[j] + bb * b, qtype));
+    } else {
+      const uint8_t* pj = pf + (w[j] - w[0]);  // the rows of a group are consecutive, as are the groups
+      for (int64_t b = 0; b < nblk; ++b) {
+        _mm_prefetch(reinterpret_cast<const char*>(pj + bb * b), _MM_HINT_T0);
+        _mm512_storeu_si512(dst + QK * b, dequant_block(w[j] + bb * b, qtype));
+      }
+    }
     ws[j] = dst;
   }
   // Register blocks of rows: 4 at a time, the last 1-3 in one block, but 5 remaining rows in one block (20
@@ -199,28 +238,34 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor blocks, int64_t qtype, torch
   c10::BFloat16* od = out.data_ptr<c10::BFloat16>();
   const int64_t row_bytes = blocks.size(1), groups = (n + NB - 1) / NB;
   at::parallel_for(0, groups, 8, [&](int64_t g0, int64_t g1) {
-    std::vector<uint16_t> buf;
+    // the dequantised weights on a 4 KiB boundary: where malloc put them, their stores could alias (in the low 12
+    // address bits) the loads of x that follow, and the time changed with x's address by up to 17 % (Zen 4, 1
+    // row); aligned, 121 projections measured 0.97x at 1 row and ~0.90x at 2-3 rows (docs/benchmarks.md)
+    std::vector<uint16_t> raw(static_cast<size_t>(NB * k + 2048));
+    uint16_t* buf = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(raw.data()) + 4095) & ~uintptr_t(4095));
     float acc[MAX_M * NB];
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t j0 = g * NB, nr = std::min<int64_t>(NB, n - j0);
-      // the group PF_GROUPS ahead while this one computes (several rows: memory and math overlap; one row is
-      // load-bound and measured no better), where this CPU gains from it (tuning.prefetch)
-      if (tuning.prefetch && m > 1 && g + PF_GROUPS < g1) {
-        const uint8_t* p = wd + (j0 + PF_GROUPS * NB) * row_bytes;
-        for (int64_t o = 0; o < NB * row_bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
-      }
       const uint8_t* ws[NB];
       for (int64_t j = 0; j < nr; ++j) ws[j] = wd + (j0 + j) * row_bytes;
+      // the group PF_GROUPS ahead, fetched while this one computes (several rows; one row measured no better),
+      // where this CPU gains from it (tuning.prefetch)
+      const uint8_t* pf = tuning.prefetch && m > 1 && g + PF_GROUPS < g1 ? ws[0] + PF_GROUPS * NB * row_bytes : nullptr;
       for (int64_t i0 = 0; i0 < m; i0 += MAX_M) {  // rows in chunks: each row's sums are the same in any chunk
         const int64_t mc = std::min<int64_t>(MAX_M, m - i0);
-        if (nr == NB) {
-          group<NB>(xd + i0 * k, mc, ws, k, bb, qtype, buf, acc, NB);
+        if (nr == NB) {  // then the bias in float32 and one rounding to nearest even, as below
+          group<NB>(xd + i0 * k, mc, ws, k, bb, qtype, buf, acc, NB, i0 == 0 ? pf : nullptr);
+          const __m128 bias4 = bd ? _mm_loadu_ps(bd + j0) : _mm_setzero_ps();
+          for (int64_t i = 0; i < mc; ++i) {
+            const __m128 v = _mm_loadu_ps(acc + i * NB);
+            store_bf16x4(bd ? _mm_add_ps(v, bias4) : v, reinterpret_cast<uint16_t*>(od + (i0 + i) * n + j0));
+          }
         } else {
-          for (int64_t j = 0; j < nr; ++j) group<1>(xd + i0 * k, mc, ws + j, k, bb, qtype, buf, acc + j, NB);
+          for (int64_t j = 0; j < nr; ++j) group<1>(xd + i0 * k, mc, ws + j, k, bb, qtype, buf, acc + j, NB, nullptr);
+          for (int64_t i = 0; i < mc; ++i)  // bias in float32, then one rounding to nearest even
+            for (int64_t j = 0; j < nr; ++j)
+              od[(i0 + i) * n + j0 + j] = c10::BFloat16(bd ? acc[i * NB + j] + bd[j0 + j] : acc[i * NB + j]);
         }
-        for (int64_t i = 0; i < mc; ++i)  // bias in float32, then one rounding to nearest even
-          for (int64_t j = 0; j < nr; ++j)
-            od[(i0 + i) * n + j0 + j] = c10::BFloat16(bd ? acc[i * NB + j] + bd[j0 + j] : acc[i * NB + j]);
       }
     }
   });

@@ -3,14 +3,17 @@
 ``eyas/kernels/gguf_bf16.cpp`` has two ways of running several rows that change no bit (every accumulator's
 chain is the same either way) but whose speed depends on the CPU:
 
-* ``prefetch``: prefetch the weight group four ahead while this one computes;
+* ``prefetch``: with several rows, each block's dequantisation prefetches the same block of the weight group two
+  ahead, so the weights stream in while the rows' products are computed;
 * ``pair_as_triple``: run 2 rows as a 3-row register block (the third repeats the second into scratch).
 
-Both were measured faster on the Zen 5 VM (full-width AVX-512). On a Zen 4 VM (AVX-512 on 256-bit halves)
-both are slower: SmolLM2's 121 projections at 2 rows 9.44 ms with both against 7.02 ms with neither, and a
-verify step of 2 nodes cost 3.4 ms more than a plain one instead of 1.4 ms (docs/benchmarks.md). So the
-first load on a machine times the four settings at 2-4 rows (the verify widths speculative steps use most),
-about 3 s, and caches the fastest under ``$EYAS_CACHE/kernel_tuning/`` keyed by CPU, threads and the kernels'
+Both were measured faster on the Zen 5 VM (full-width AVX-512; then ``prefetch`` fetched a whole group four ahead
+at once). On a Zen 4 VM (AVX-512 on 256-bit halves) that whole-group prefetch and ``pair_as_triple`` were slower
+(SmolLM2's 121 projections at 2 rows 9.44 ms with both against 7.02 ms with neither); the prefetch spread one a
+block measured 0.91-0.96x the time without it at 2-5 rows and 0.83x at 8, though not every timing at 3 rows agreed
+(2026-11-28, docs/benchmarks.md). So the first load on a machine times the four settings at 2, 3, 4 and 6 rows (the
+verify widths speculative steps use most, and a wider one where the prefetch pays most), best of 5 rounds, about
+5 s, and caches the fastest under ``$EYAS_CACHE/kernel_tuning/`` keyed by CPU, threads and the kernels'
 sources. ``pair_as_triple`` is decided on the 2-row time alone (no other width of a verify tree up to 9 nodes runs a
 2-row block): summed over 2-4 rows, the noise at 3 and 4 rows outweighed it, and a Zen 4 VM kept 2 rows as a
 triple at 8.7 ms where a pair cost 8.3 (``scripts/projection_cost.py``). ``EYAS_GGUF_TUNING=PREFETCH,PAIR`` (e.g.
@@ -34,8 +37,8 @@ from eyas.models.cpu import cpu_flags, cpu_name
 from eyas.models.gguf_blocks import GGUFBlocks, block_kernel
 from eyas.notes import one_time_note
 
-ROWS = (2, 3, 4)  # rows timed: the verify widths adaptive trees use most
-PICK_VERSION = 2  # in the cache key: choices made by an earlier rule are timed again
+ROWS = (2, 3, 4, 6)  # rows timed: the verify widths adaptive trees use most, and a wider one
+PICK_VERSION = 3  # in the cache key: choices made by an earlier rule (2: rows 2-4, 3 rounds) are timed again
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ def pick(seconds: dict[KernelTuning, dict[int, float]]) -> KernelTuning:
     return min(SETTINGS, key=lambda s: (cost(s), SETTINGS.index(s)))
 
 
-def time_settings(kernel, blocks: list, rows=ROWS, rounds: int = 3,
+def time_settings(kernel, blocks: list, rows=ROWS, rounds: int = 5,
                   repeats: int = 4) -> dict[KernelTuning, dict[int, float]]:
     """Seconds for every projection in ``blocks`` (GGUFBlocks) by setting and number of rows, best of ``rounds``
     passes that alternate through the settings (a slow spell of the machine touches all of them).
@@ -111,7 +114,7 @@ def tune_block_kernel(model: nn.Module, cache_dir: Path | None = None, kernel=No
     path = cache_dir / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]}.json"
     if path.exists():
         return apply(kernel, KernelTuning(**json.loads(path.read_text())["choice"]))
-    one_time_note("timing the bf16 block kernel's options on this CPU", "~3 s")
+    one_time_note("timing the bf16 block kernel's options on this CPU", "~5 s")
     seconds = time_settings(kernel, blocks)
     choice = pick(seconds)
     path.parent.mkdir(parents=True, exist_ok=True)

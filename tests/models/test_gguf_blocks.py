@@ -67,6 +67,31 @@ def test_linear_is_row_invariant_and_computes_with_the_weights(qtype, bias):
 
 
 @needs_bf16
+@pytest.mark.parametrize("n", [8, 9])  # whole groups of 4 (the vector rounding) and a last group of 1 (c10's)
+def test_output_rounding_is_torchs_for_ties_nan_and_inf(n):
+    """Sums exact in float32 (integers) that bf16 must round: ties to even, NaN as 0x7FC0, infinities kept."""
+    d = np.array([1.0], dtype=np.float16).view(np.uint8)
+    raw = np.zeros((n, 34), dtype=np.uint8)  # Q8_0, one block a row: w[j] = (1, q_j, 0, ...)
+    raw[:, 0:2] = d
+    raw[:, 2] = 1
+    q = np.array([1, 3, 5, -3, 127, -127, 0, 2, 7][:n], dtype=np.int8)
+    raw[:, 3] = q.view(np.uint8)
+    raw[6, 2] = 0  # row 6 weighs x0 by zero: inf * 0 = NaN
+    x = torch.zeros(4, 32)
+    x[:, 1] = 1.0
+    x[:, 0] = torch.tensor([256.0, 512.0, float("inf"), float("nan")])
+    bias = torch.tensor([0, 0, 0, 0, 0, 0, 0, 1, 0][:n], dtype=torch.float32).to(torch.bfloat16)
+    got = KERNEL.linear(x.to(torch.bfloat16), torch.from_numpy(raw), TYPES["Q8_0"][0], bias)
+    w = torch.zeros(n, 32)
+    w[:, 0], w[:, 1] = torch.from_numpy(raw[:, 2].astype(np.float32)), torch.from_numpy(q.astype(np.float32))
+    exact = x[:, :2] @ w[:, :2].T + bias.float()  # exact sums
+    want = exact.to(torch.bfloat16).view(torch.int16)  # torch's rounding; a NaN is 0x7FC0, as c10::BFloat16(float)
+    want = torch.where(exact.isnan(), torch.tensor(0x7FC0, dtype=torch.int16), want)
+    assert torch.equal(got.view(torch.int16), want), (got, exact)
+    assert got[0, 0] == 256 and got[0, 1] == 260 and got[3].view(torch.int16).eq(0x7FC0).all()  # 257 -> 256, 259 -> 260
+
+
+@needs_bf16
 def test_dispatch_fast_mode_exact_decoding_and_exact_prefill(tmp_path):
     lin = layer("Q4_1", 64, 576)
     blocks = lin.__dict__["_eyas_blocks"]
