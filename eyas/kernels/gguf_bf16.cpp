@@ -81,19 +81,6 @@ inline float reduce16(__m512 v) {  // fixed tree: (l, l+8), (l, l+4), (l, l+2), 
   return _mm_cvtss_f32(b);
 }
 
-// four outputs' 16 lanes at once, each by reduce16's tree and operand order: (l, l+8) across 256-bit halves, (l, l+4)
-// across 128-bit quarters, then (l, l+2) and (l, l+1) inside each quarter; the same bits in ~14 instructions instead
-// of ~36 (with 18 blocks a row, as most of SmolLM2's projections have, the reductions were ~1/3 of a row's work)
-inline __m128 reduce16x4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
-  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
-  // quarter q holds output q's 4 partial sums
-  __m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
-  s = _mm512_add_ps(s, _mm512_permute_ps(s, 0xEE));  // lanes (0, 1) of each quarter: (0 + 2, 1 + 3)
-  s = _mm512_add_ps(s, _mm512_movehdup_ps(s));       // lane 0 of each quarter: (0 + 2) + (1 + 3)
-  return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12), s));
-}
-
 // four float sums (+ bias) -> bf16 at dst, rounded as c10::BFloat16(float): NaN -> 0x7FC0, else to nearest even
 inline void store_bf16x4(__m128 v, uint16_t* dst) {
   const __m128i u = _mm_castps_si128(v);
@@ -137,13 +124,8 @@ inline void micro(const uint16_t* const* x, const uint16_t* const* w, int64_t nb
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, (__m512bh)wv[j]);
     }
   }
-  for (int i = 0; i < MRr; ++i) {
-    if constexpr (NR == 4) {
-      _mm_storeu_ps(out + i * ldo, reduce16x4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
-    } else {
-      for (int j = 0; j < NR; ++j) out[i * ldo + j] = reduce16(acc[i][j]);
-    }
-  }
+  for (int i = 0; i < MRr; ++i)
+    for (int j = 0; j < NR; ++j) out[i * ldo + j] = reduce16(acc[i][j]);
 }
 
 template <int NR>
@@ -173,6 +155,7 @@ void group(const uint16_t* xd, int64_t m, const uint8_t* const* w, int64_t k, in
   // measured slower than 3-row ones. Each accumulator's chain is the same whatever the block's shape, so none of
   // this changes a bit. Measured, Zen 5, SmolLM2's 121 projections, alternating processes (ms; scripts/
   // projection_cost.py): 5 rows 5.42-5.76 -> 5.01-5.27, 6 rows 6.35-6.42 -> 5.56-5.84, 2 rows 4.88-4.95 -> 4.67-4.77.
+  // (Zen 4, 2026-11-28: 6 rows as 3 + 3 10.3-10.5 ms, as 4 + 2 11.1-11.2.)
   const uint16_t* xs[5];
   int64_t i = 0;
   while (i < m) {

@@ -15,7 +15,7 @@ block measured 0.91-0.96x the time without it at 2-5 rows and 0.83x at 8, though
 verify widths speculative steps use most, and a wider one where the prefetch pays most), best of 5 rounds, about
 5 s, and caches the fastest under ``$EYAS_CACHE/kernel_tuning/`` keyed by CPU, threads and the kernels'
 sources. ``pair_as_triple`` is decided on the 2-row time alone (no other width of a verify tree up to 9 nodes runs a
-2-row block): summed over 2-4 rows, the noise at 3 and 4 rows outweighed it, and a Zen 4 VM kept 2 rows as a
+2-row block): summed over every width, the noise at the others outweighed it, and a Zen 4 VM kept 2 rows as a
 triple at 8.7 ms where a pair cost 8.3 (``scripts/projection_cost.py``). ``EYAS_GGUF_TUNING=PREFETCH,PAIR`` (e.g.
 ``0,0``) sets it by hand and skips the timing.
 """
