@@ -5,6 +5,12 @@ the last width compared bit for bit (a speed change must not change a sum).
 
 python scripts/kernel_ab.py --base HEAD~1                                  # ms by rows, old / new / ratio
 python scripts/kernel_ab.py --base HEAD~1 --rows 2,3,4 --tuning 0,0 --base-tuning 0,0 --rounds 14
+python scripts/kernel_ab.py --base HEAD~1 --steps                        # whole exact-mode decoding steps instead
+
+``--steps``: the target's exact-mode decoding steps verifying a fixed w-node tree (``eyas.autotree``'s timing
+drafter, 160 prompt tokens), median of 12 steps, w = 1 (plain decoding's step) and each ``--rows`` width, the
+process's block kernel swapped between the two builds round by round: what a verify forward costs end to end
+(attention, norms, Python included), without the noise of comparing two processes.
 
 ``--tuning`` / ``--base-tuning``: PREFETCH,PAIR as ``EYAS_GGUF_TUNING`` (default: what eyas picks for this machine,
 for both). The earlier source is built with eyas's own flags into a temporary directory.
@@ -13,6 +19,7 @@ for both). The earlier source is built with eyas's own flags into a temporary di
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import tempfile
 import time
@@ -22,7 +29,9 @@ import torch
 
 import eyas
 from eyas import kernels
-from eyas.models import gguf_tuning
+from eyas.autotree import CONTEXT, JunkTree, _step_times
+from eyas.decode import DecodeConfig, SpecDecoder
+from eyas.models import gguf_blocks, gguf_tuning
 
 KERNEL = "eyas/kernels/gguf_bf16.cpp"
 
@@ -48,6 +57,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tuning", help="PREFETCH,PAIR for the working tree's build (default: eyas's choice)")
     ap.add_argument("--base-tuning", help="PREFETCH,PAIR for the base build (default: eyas's choice)")
+    ap.add_argument("--steps", action="store_true", help="time exact-mode decoding steps by tree width instead")
     a = ap.parse_args()
     rows = [int(r) for r in a.rows.split(",")]
     spec = eyas.load(dtype="bfloat16", drafter="none")  # applies this machine's tuning to the working tree's build
@@ -61,6 +71,8 @@ def main() -> None:
         builds = {"base": base, "new": new}
         tunings = {"base": gguf_tuning.KernelTuning.parse(a.base_tuning) if a.base_tuning else chosen,
                    "new": gguf_tuning.KernelTuning.parse(a.tuning) if a.tuning else chosen}
+        if a.steps:
+            return time_steps(spec.target.model, builds, tunings, sorted({1, *rows}), a.rounds)
         xs = {r: [torch.randn(r, b.k, generator=torch.Generator().manual_seed(r)).bfloat16() for b in blocks]
               for r in rows}
         empty = torch.empty(0)
@@ -86,6 +98,31 @@ def main() -> None:
     print(f"  outputs at {rows[-1]} rows bit-identical: {same}")
     if not same:
         raise SystemExit(1)
+
+
+def time_steps(model, builds: dict, tunings: dict, widths: list[int], rounds: int) -> None:
+    """Median exact-mode step seconds verifying a ``w``-node tree, by build and width, builds alternating."""
+    prompt = torch.randint(0, model.config.vocab_size, (CONTEXT,), generator=torch.Generator().manual_seed(0))
+
+    def median_step(width: int) -> float:
+        drafter = JunkTree(width, model.config.vocab_size) if width > 1 else None
+        dec = SpecDecoder(model, drafter, DecodeConfig(max_new_tokens=14, exact=True))
+        return statistics.median(_step_times(dec, prompt))
+
+    got: dict[tuple[str, int], list[float]] = {(name, w): [] for name in builds for w in widths}
+    for _ in range(rounds):
+        for name, k in builds.items():
+            gguf_blocks._kernel.value = k  # every block projection of the process now runs on this build
+            k.set_tuning(tunings[name].prefetch, tunings[name].pair_as_triple)
+            median_step(widths[0])  # warm-up after the swap
+            for w in widths:
+                got[(name, w)].append(median_step(w))
+    ms = {key: statistics.median(v) * 1e3 for key, v in got.items()}
+    print(f"exact-mode decoding step, ms by tree width (median of {rounds} rounds' medians of 12 steps):")
+    for name in builds:
+        print(f"  {name:4} {tunings[name]}:", {w: round(ms[(name, w)], 2) for w in widths},
+              " over 1 node:", {w: round(ms[(name, w)] - ms[(name, 1)], 2) for w in widths[1:]})
+    print("  new / base:", {w: round(ms[("new", w)] / ms[("base", w)], 3) for w in widths})
 
 
 if __name__ == "__main__":
