@@ -101,7 +101,8 @@ constexpr int PF_GROUPS = 2;  // software prefetch distance, in groups
 //             so the weights stream from memory while the rows' products are computed (without it a multi-row call
 //             is memory time + math time). Spread one a block: all of a group's lines at once measured slower on
 //             Zen 4 (they fill the miss queue ahead of the group's own loads). Zen 4, 121 projections, one process
-//             (docs/benchmarks.md): 2 / 4 / 8 rows 0.955x / 0.952x / ~0.87x the time without it, 1 row no change.
+//             (scripts/kernel_ab.py --base HEAD --base-tuning 0,0 --tuning 1,0): 2-3 rows 0.99x the time without
+//             it, 4 / 6 / 8 rows 0.94x / 0.93x / 0.90x.
 //   pair_as_triple: 2 rows run as a 3-row block, the third repeating the second into scratch (Zen 5: 2-row chains
 //             measured slower than 3-row ones; Zen 4, double-pumped AVX-512, pays for the extra row's math)
 struct Tuning {
@@ -222,8 +223,9 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor blocks, int64_t qtype, torch
   const int64_t row_bytes = blocks.size(1), groups = (n + NB - 1) / NB;
   at::parallel_for(0, groups, 8, [&](int64_t g0, int64_t g1) {
     // the dequantised weights on a 4 KiB boundary: where malloc put them, their stores could alias (in the low 12
-    // address bits) the loads of x that follow, and the time changed with x's address by up to 17 % (Zen 4, 1
-    // row); aligned, 121 projections measured 0.97x at 1 row and ~0.90x at 2-3 rows (docs/benchmarks.md)
+    // address bits) the loads of x that follow, and a call's time changed with x's address by up to 17 % (Zen 4, 1
+    // row); aligned, 121 projections measured 0.94x / 0.89x / 0.87x the unaligned time at 1 / 2 / 3 rows (one
+    // process, the two builds alternating)
     std::vector<uint16_t> raw(static_cast<size_t>(NB * k + 2048));
     uint16_t* buf = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(raw.data()) + 4095) & ~uintptr_t(4095));
     float acc[MAX_M * NB];
