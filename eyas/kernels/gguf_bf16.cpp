@@ -156,7 +156,6 @@ void group(const uint16_t* xd, int64_t m, const uint8_t* const* w, int64_t k, in
   // measured slower than 3-row ones. Each accumulator's chain is the same whatever the block's shape, so none of
   // this changes a bit. Measured, Zen 5, SmolLM2's 121 projections, alternating processes (ms; scripts/
   // projection_cost.py): 5 rows 5.42-5.76 -> 5.01-5.27, 6 rows 6.35-6.42 -> 5.56-5.84, 2 rows 4.88-4.95 -> 4.67-4.77.
-  // (Zen 4, 2026-11-28: 6 rows as 3 + 3 10.3-10.5 ms, as 4 + 2 11.1-11.2.)
   const uint16_t* xs[5];
   int64_t i = 0;
   while (i < m) {

@@ -7,17 +7,17 @@ chain is the same either way) but whose speed depends on the CPU:
   ahead, so the weights stream in while the rows' products are computed;
 * ``pair_as_triple``: run 2 rows as a 3-row register block (the third repeats the second into scratch).
 
-Both were measured faster on the Zen 5 VM (full-width AVX-512; then ``prefetch`` fetched a whole group four ahead
-at once). On a Zen 4 VM (AVX-512 on 256-bit halves) that whole-group prefetch and ``pair_as_triple`` were slower
+Both were measured faster on the Zen 5 VM (full-width AVX-512; then ``prefetch`` fetched a whole group four ahead at
+once). On a Zen 4 VM (AVX-512 on 256-bit halves) that whole-group prefetch and ``pair_as_triple`` were slower
 (SmolLM2's 121 projections at 2 rows 9.44 ms with both against 7.02 ms with neither); the prefetch spread one a
-block measured 0.91-0.96x the time without it at 2-5 rows and 0.83x at 8, though not every timing at 3 rows agreed
-(2026-11-28, docs/benchmarks.md). So the first load on a machine times the four settings at 2, 3, 4 and 6 rows (the
-verify widths speculative steps use most, and a wider one where the prefetch pays most), best of 5 rounds, about
-5 s, and caches the fastest under ``$EYAS_CACHE/kernel_tuning/`` keyed by CPU, threads and the kernels'
-sources. ``pair_as_triple`` is decided on the 2-row time alone (no other width of a verify tree up to 9 nodes runs a
-2-row block): summed over every width, the noise at the others outweighed it, and a Zen 4 VM kept 2 rows as a
-triple at 8.7 ms where a pair cost 8.3 (``scripts/projection_cost.py``). ``EYAS_GGUF_TUNING=PREFETCH,PAIR`` (e.g.
-``0,0``) sets it by hand and skips the timing.
+block measured 0.99x the time without it at 2-3 rows and 0.94 / 0.93 / 0.90x at 4 / 6 / 8 (2026-11-28,
+``scripts/kernel_ab.py --base HEAD --base-tuning 0,0 --tuning 1,0``). So the first load on a machine times the four
+settings at 2, 3, 4 and 6 rows (the verify widths speculative steps use most, and a wider one where the prefetch
+pays most), best of 5 rounds, about 5 s, and caches the fastest under ``$EYAS_CACHE/kernel_tuning/`` keyed by CPU,
+threads and the kernels' sources. ``pair_as_triple`` is decided on the 2-row time alone (no other width of a verify
+tree up to 9 nodes runs a 2-row block): summed over every width, the noise at the others outweighed it, and a Zen 4
+VM kept 2 rows as a triple at 8.7 ms where a pair cost 8.3 (``scripts/projection_cost.py``).
+``EYAS_GGUF_TUNING=PREFETCH,PAIR`` (e.g. ``0,0``) sets it by hand and skips the timing.
 """
 
 from __future__ import annotations
