@@ -139,14 +139,10 @@ void group(const uint16_t* xd, int64_t m, const uint8_t* const* w, int64_t k, in
   const uint16_t* ws[NR];
   for (int j = 0; j < NR; ++j) {
     uint16_t* dst = buf + j * k;
-    if (pf == nullptr) {
-      for (int64_t b = 0; b < nblk; ++b) _mm512_storeu_si512(dst + QK * b, dequant_block(w[j] + bb * b, qtype));
-    } else {
-      const uint8_t* pj = pf + (w[j] - w[0]);  // the rows of a group are consecutive, as are the groups
-      for (int64_t b = 0; b < nblk; ++b) {
-        _mm_prefetch(reinterpret_cast<const char*>(pj + bb * b), _MM_HINT_T0);
-        _mm512_storeu_si512(dst + QK * b, dequant_block(w[j] + bb * b, qtype));
-      }
+    const uint8_t* pj = pf ? pf + (w[j] - w[0]) : nullptr;  // the rows of a group are consecutive, as are the groups
+    for (int64_t b = 0; b < nblk; ++b) {
+      if (pj) _mm_prefetch(reinterpret_cast<const char*>(pj + bb * b), _MM_HINT_T0);
+      _mm512_storeu_si512(dst + QK * b, dequant_block(w[j] + bb * b, qtype));
     }
     ws[j] = dst;
   }
