@@ -32,9 +32,9 @@ def build_revision(rev: str, into: Path):
         (into / name).write_text(text)
     from torch.utils.cpp_extension import load
 
-    flags = [*kernels._FLAGS, "-ffp-contract=off"]
+    cflags, ldflags = kernels.build_flags("gguf_f32")
     return load(f"gguf_f32_{rev.replace('~', '_').replace('^', '_')}", [str(into / "gguf_f32.cpp")],
-                extra_cflags=flags, extra_ldflags=kernels._LDFLAGS, build_directory=str(into))
+                extra_cflags=cflags, extra_ldflags=ldflags, build_directory=str(into))
 
 
 def main() -> None:

@@ -45,8 +45,9 @@ def build_base(rev: str, tmp: Path):
     for name in [n for n in names if n.endswith(".h")] + [KERNEL]:
         (tmp / Path(name).name).write_bytes(subprocess.run(["git", "show", f"{rev}:{name}"], check=True,
                                                            capture_output=True).stdout)
+    cflags, ldflags = kernels.build_flags("gguf_bf16")
     return load("eyas_gguf_bf16_base", [str(tmp / "gguf_bf16.cpp")], build_directory=str(tmp), verbose=False,
-                extra_cflags=[*kernels._FLAGS, "-ffp-contract=off"], extra_ldflags=kernels._LDFLAGS)
+                extra_cflags=cflags, extra_ldflags=ldflags)
 
 
 def main() -> None:

@@ -36,6 +36,9 @@ _HERE = Path(__file__).parent
 # one thread
 _FLAGS = ["-O3", "-march=native", "-fopenmp"] if sys.platform.startswith("linux") else ["-O3"]
 _LDFLAGS = ["-fopenmp"] if sys.platform.startswith("linux") else []
+# a kernel's flags beyond _FLAGS: -ffp-contract=off where its results must round like their torch or numpy reference
+# (multiply, then add)
+_OWN_FLAGS = {name: ["-ffp-contract=off"] for name in ("gguf_bf16", "gguf_f32", "head_i8", "layer_ops")}
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}
 
@@ -118,7 +121,7 @@ def gguf_bf16():
     """
     if os.environ.get("EYAS_GGUF_BLOCKS", "1") == "0":
         return None
-    return _get("gguf_bf16", "the bf16 GGUF-block projection kernel", "EYAS_GGUF_BLOCKS", ["-ffp-contract=off"])
+    return _get("gguf_bf16", "the bf16 GGUF-block projection kernel", "EYAS_GGUF_BLOCKS")
 
 
 def gguf_f32():
@@ -128,7 +131,7 @@ def gguf_f32():
     """
     if os.environ.get("EYAS_GGUF_BLOCKS", "1") == "0":
         return None
-    return _get("gguf_f32", "the float32 GGUF-block projection kernel", "EYAS_GGUF_BLOCKS", ["-ffp-contract=off"])
+    return _get("gguf_f32", "the float32 GGUF-block projection kernel", "EYAS_GGUF_BLOCKS")
 
 
 def head_i8():
@@ -141,7 +144,7 @@ def head_i8():
 
     if os.environ.get("EYAS_HEAD_INT8", "auto") == "0" or "avx512_vnni" not in cpu_flags():
         return None  # no build where it could not serve (AVX2-only CPUs)
-    return _get("head_i8", "the draft head's int8 projection kernel", "EYAS_HEAD_INT8", ["-ffp-contract=off"])
+    return _get("head_i8", "the draft head's int8 projection kernel", "EYAS_HEAD_INT8")
 
 
 def layer_ops():
@@ -150,25 +153,33 @@ def layer_ops():
     """
     if os.environ.get("EYAS_LAYER_OPS", "1") == "0":
         return None
-    return _get("layer_ops", "the decode-layer kernel", "EYAS_LAYER_OPS", ["-ffp-contract=off"])
+    return _get("layer_ops", "the decode-layer kernel", "EYAS_LAYER_OPS")
 
 
 # the one process-wide handle on layer_ops (exact decode forwards, the draft head's layer, the greedy argmax)
 LAYER_OPS = Lazy(layer_ops)
 
 
-def _get(name: str, what: str, env: str, flags: list[str] | None = None):
+def build_flags(name: str) -> tuple[list[str], list[str]]:
+    """(compiler flags, linker flags) eyas builds ``eyas/kernels/<name>.cpp`` with; scripts that build an earlier
+    revision's source to compare against use them too (scripts/kernel_ab.py).
+    """
+    return [*_FLAGS, *_OWN_FLAGS.get(name, [])], list(_LDFLAGS)
+
+
+def _get(name: str, what: str, env: str):
     with _lock:
         if name not in _loaded:
-            _loaded[name] = _build(name, what, env, flags or [])
+            _loaded[name] = _build(name, what, env)
         return _loaded[name]
 
 
-def _build(name: str, what: str, env: str, flags: list[str]):
+def _build(name: str, what: str, env: str):
     from torch.utils.cpp_extension import load
 
     source = _HERE / f"{name}.cpp"
-    out = _build_dir(source, flags)
+    out = _build_dir(source, _OWN_FLAGS.get(name, []))
+    cflags, ldflags = build_flags(name)
     _ninja_on_path()
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -176,7 +187,7 @@ def _build(name: str, what: str, env: str, flags: list[str]):
         ninja = out / "build.ninja"
         if not any(out.glob("*.so")) or not ninja.exists() or str(copy) not in ninja.read_text():
             one_time_note(f"compiling {what} for this CPU", "~30 s")
-        return load(f"eyas_{name}", [str(copy)], extra_cflags=_FLAGS + flags, extra_ldflags=_LDFLAGS,
+        return load(f"eyas_{name}", [str(copy)], extra_cflags=cflags, extra_ldflags=ldflags,
                     build_directory=str(out), verbose=False)
     except Exception as e:  # no compiler, no ninja, a failed build: callers keep their PyTorch path
         warnings.warn(f"eyas: {what} unavailable ({type(e).__name__}: {str(e)[:200]}); using the slower PyTorch "

@@ -29,6 +29,22 @@ def test_the_build_directory_is_keyed_by_the_source_and_flags():
     assert here != kernels._build_dir(kernels._HERE / "rms_norm.cpp", ["-ffp-contract=off"])
 
 
+def test_scripts_build_a_kernel_with_the_flags_eyas_builds_it_with(tmp_path, monkeypatch):
+    """``build_flags`` is what scripts/kernel_ab.py compiles an earlier revision with: it must be what ``_build``
+    passes to the compiler, -ffp-contract=off included where the kernel needs it."""
+    import torch.utils.cpp_extension as ext
+
+    calls = {}
+    monkeypatch.setenv("EYAS_CACHE", str(tmp_path))
+    monkeypatch.setattr(ext, "load", lambda name, sources, **kw: calls.setdefault(name, kw) and name)
+    for name in ("gguf_bf16", "rms_norm"):
+        assert kernels._build(name, "a kernel", "EYAS_X") == f"eyas_{name}"
+        assert (calls[f"eyas_{name}"]["extra_cflags"], calls[f"eyas_{name}"]["extra_ldflags"]) == \
+            kernels.build_flags(name)
+    assert "-ffp-contract=off" in kernels.build_flags("gguf_bf16")[0]
+    assert "-ffp-contract=off" not in kernels.build_flags("rms_norm")[0]
+
+
 def test_one_time_notes_are_told_apart_from_other_stderr_lines(capsys):
     from eyas.notes import is_one_time_note, one_time_note
 
