@@ -23,10 +23,11 @@
 # 3,972 steps, 41 M tokens at 124 k tok/s. Sixth draw (an H200, 2026-11-27, WIDEN=2304): call 1 138 s held;
 # call 2 533 s: loading 41 s (tokenizing 21.9 s), 5,631 steps, 57.7 M tokens at 133 k tok/s. Seventh draw (an H200,
 # 2026-11-27, WIDEN unset): call 1 199 s held (85 s of it the command); call 2 531 s: loading 39 s, 6,096 steps,
-# 62.4 M tokens at 138 k tok/s.
+# 62.4 M tokens at 138 k tok/s. Eighth draw (an H200, 2026-11-28, the same): call 1 128 s held (81 s the command);
+# call 2 531 s: loading 34 s, 6,195 steps, 63.4 M tokens at 137.5 k tok/s.
 # Environment: DATA_S (default 0, no data phase: a short one is mostly ramp, docs/heads.md; 120 s gave ~1 M
 # tokens), END_S (560: call 2 with timeout_s 600), BATCH (1024 rows of `eyas data`), TRAIN_TOKENS (16384), LR (4e-4),
-# SEED (9: GPU draws used 1, 2, 7, 4 and 8, CPU files 3, 5, 6, 10, 11, 12, 14-17 (next: 18), the held-out
+# SEED (9: GPU draws used 1, 2, 7, 4 and 8, CPU files 3, 5, 6, 10, 11, 12, 14-19 (next: 20), the held-out
 # file 13; a seed used before redraws its requests first, which the dedupe then drops). TRAIN_S, which the first two
 # draws set, is gone: END_S bounds the training.
 # WIDEN (unset): `eyas train --widen-mlp WIDEN`, the head's MLP widened before training (2,304 units since the sixth
@@ -55,7 +56,10 @@ prepare() {  # here, with the project's venv first on PATH
     g=$(python -c "from eyas.models.loading import embedded_gguf_path as e; print(e())") || return 1
     d=$(python -c "from eyas.models.loading import resolve_model_dir as r; print(r(None))") || return 1
     rm -rf .carry/magpie .carry/head .carry/p1 .carry/p2 && mkdir -p .carry/tok .carry/head .carry/magpie .whl
-    cp data/selfdistill/smollm2-135m-instruct-magpie-*.jsonl.xz .carry/magpie/
+    # every packed Magpie file as one xz stream, in the same order (run reads them as one concatenation): one
+    # dictionary across files, 13.5 -> 11.8 MB with the files of 2026-11-28 (~80 s): room for ~two more files
+    xz -dc data/selfdistill/smollm2-135m-instruct-magpie-*.jsonl.xz | xz -9e -T1 > .carry/magpie/all.jsonl.xz \
+        || return 1
     xz -9 -c data/selfdistill/smollm2-135m-instruct-commercial.jsonl > .carry/commercial.jsonl.xz
     # the head's bf16 weights xz'd: 19.7 -> 14.0 MB (their exponent bytes compress), 2.8 MB more room in each call
     cp eyas/heads/smollm2-135m-instruct-eagle3/* .carry/head/ && xz -T0 -6 -f .carry/head/model.safetensors || return 1
@@ -79,7 +83,7 @@ prepare() {  # here, with the project's venv first on PATH
     c2=$((tree + $(stat -c %s .carry/p2)))
     echo "tree $tree bytes; GGUF split at $split; call 1 $c1, call 2 $c2 (limit $LIMIT)"
     [ "$c1" -lt "$LIMIT" ] && [ "$c2" -lt "$LIMIT" ] || {
-        echo "a call is over 64 MiB with the split balanced: carry fewer Magpie files in call 1 (.carry/magpie)" >&2
+        echo "a call is over 64 MiB with the split balanced: pack fewer Magpie files for call 1 (.carry/magpie)" >&2
         return 1; }
 }
 
