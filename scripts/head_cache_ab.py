@@ -19,21 +19,21 @@ import time
 import torch
 
 import eyas
+from eyas.drafters.head_kernels import fused_parts
 from eyas.drafters.hybrid import HybridDrafter
-
-# projections the fused kernels replace (their own blocks stay unread while drafting)
-FUSED_AWAY = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 
 
 def head_blocks(head: torch.nn.Module) -> list[torch.Tensor]:
-    """The GGUF blocks the head's projections read while drafting (fused where fused)."""
-    out = []
-    for name, mod in head.named_modules():
-        if name.endswith(FUSED_AWAY):
-            continue
-        for key in ("_eyas_fused", "_eyas_blocks"):
-            if key in mod.__dict__:
-                out.append(mod.__dict__[key].data)
+    """The GGUF blocks (or int8 rows) the head's projections read while drafting: a fused matrix in place of the
+    projections it joins (eyas.drafters.head_kernels.fuse_head_blocks_), every other projection's own.
+    """
+    out, fused_away = [], set()
+    for mod in head.modules():
+        if "_eyas_fused" in mod.__dict__:
+            out.append(mod.__dict__["_eyas_fused"].data)
+            fused_away.update(id(p) for p in fused_parts(mod))
+    out += [m.__dict__["_eyas_blocks"].data for m in head.modules()
+            if "_eyas_blocks" in m.__dict__ and id(m) not in fused_away]
     return out
 
 

@@ -72,7 +72,7 @@ def fuse_head_blocks_(head: nn.Module) -> int:
         return 0
     count = 0
     for mod in head.modules():
-        parts = _parts(mod)
+        parts = fused_parts(mod)
         if parts is None:
             continue
         blocks = [p.__dict__.get("_eyas_blocks") for p in parts]
@@ -87,7 +87,8 @@ def fuse_head_blocks_(head: nn.Module) -> int:
     return count
 
 
-def _parts(mod: nn.Module) -> list[nn.Linear] | None:
+def fused_parts(mod: nn.Module) -> list[nn.Linear] | None:
+    """The projections ``fuse_head_blocks_`` fuses in ``mod`` (an attention's q/k/v, an MLP's gate/up), or None."""
     if all(hasattr(mod, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
         return [mod.q_proj, mod.k_proj, mod.v_proj]
     if all(hasattr(mod, n) for n in ("gate_proj", "up_proj", "down_proj")):
