@@ -63,6 +63,9 @@ def add_train_parser(sub) -> None:
                         "get what loading leaves, less ~30 s for the export (a call with a hard time limit); no final "
                         "held-aside eval then, as its length is not bounded")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--profile-steps", type=int, default=d.profile_steps, metavar="N",
+                   help="profile this run's steps 10 .. 9+N (0-based) with torch.profiler: OUT/profile.txt, ops by "
+                        "device time on a GPU (CPU time elsewhere); the steps train as usual")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: one per core; 1 on a CPU shared with other jobs)")
     p.set_defaults(func=cmd_train)
@@ -89,6 +92,8 @@ def cmd_train(a: argparse.Namespace) -> int:
                          f"0 = one-hot), got {a.label_temperature}")
     if a.miss_weight < 0:
         raise ValueError(f"--miss-weight must be >= 0 (0 = every position alike), got {a.miss_weight}")
+    if a.profile_steps < 0:
+        raise ValueError(f"--profile-steps must be >= 0 (0 = no profile), got {a.profile_steps}")
     if a.batch_tokens < a.max_len:
         raise ValueError(f"--batch-tokens ({a.batch_tokens}) must be >= --max-len ({a.max_len})")
     cfg = TrainConfig(
@@ -100,7 +105,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         eval_every=a.eval_every, holdout=a.holdout, eval_tokens=a.eval_tokens, eval_tree=a.eval_tree,
         feature_cache=a.feature_cache, seed=a.seed, init_head=a.init_head, widen_mlp=a.widen_mlp,
         time_budget=a.time_budget,
-        wall_budget=a.wall_budget,
+        wall_budget=a.wall_budget, profile_steps=a.profile_steps,
     )
     train(cfg)
     return 0

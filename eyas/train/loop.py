@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from eyas.train.dataset import Example, collate, load_examples, read_conversations, split_holdout, token_batches
 from eyas.train.features import TargetFeaturizer
+from eyas.train.profiling import StepProfiler
 
 
 @dataclass
@@ -68,6 +69,7 @@ class TrainConfig:
     time_budget: float | None = None
     # wall-clock seconds for the whole call (loading, steps, export): the steps get what loading and EXPORT_S leave
     wall_budget: float | None = None
+    profile_steps: int = 0  # profile steps 10 .. 9+N of this run (0-based) into OUT/profile.txt (eyas.train.profiling)
     extra: dict = field(default_factory=dict)
 
 
@@ -261,12 +263,16 @@ def train(cfg: TrainConfig, log=print) -> dict:
     if cfg.wall_budget is not None:
         log(f"--wall-budget: {budget:.0f} s for the steps (loading took {loading:.0f} s)")
     t_run, start, at = time.time(), state["step"], state["step"]  # the time budget: from this run's first step
+    prof = StepProfiler(cfg.profile_steps if acc.is_main_process else 0, out, log=log)  # one file, rank 0
     last_eval: tuple[int, dict] = (-1, {})
     while max(state["step"], at) < total:
         batches = _batches(train_ex, cfg, state["epoch"], acc.process_index, acc.num_processes)
         for bi in range(state["batch"], len(batches)):
-            batch = featurize([train_ex[i] for i in batches[bi]])
-            stats = _train_step(cfg, acc, wrapped, opt, sched, params, batch)
+            with prof.step():
+                with prof.part("eyas.featurize"):
+                    batch = featurize([train_ex[i] for i in batches[bi]])
+                with prof.part("eyas.train_step"):
+                    stats = _train_step(cfg, acc, wrapped, opt, sched, params, batch)
             if budget is not None:
                 at = _budget_lr(cfg, acc, opt, sched, total, _budget_step(budget, total, start, state["step"] + 1,
                                                                            time.time() - t_run))
