@@ -178,30 +178,36 @@ class Eagle3Objective:
             in_vocab = self.module.t2d[batch.target_tokens]
         return p, in_vocab
 
-    def loss(self, batch: FeatureBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, batch: FeatureBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Weighted TTT loss over ``ttt_steps``; draft logits and labels only where a label is learnable.
 
         The head's layer runs at every position (later positions attend to earlier ones), but the
         [*, Vd] draft logits, the target's label distribution and the cross-entropy are computed
         only at the N_k positions whose step-k label is learnable (an assistant token in the draft
         vocabulary): the vocabulary projections dominate the step's cost, and about a third of a
-        conversation's positions (the prompt) never have a label.
+        conversation's positions (the prompt) never have a label. Those positions are found with one
+        host round trip for all steps (``learnable_rows``; without ``align_topk``, whose masks depend on
+        each step's drafts), so a GPU's queue is not drained at every step. Stats are 0-d tensors
+        (``float()`` them to log: that waits for the device).
         """
         head, cfg = self.module, self.cfg
         dt = head.fc.weight.dtype
         valid = batch.loss_mask & self.module.t2d[batch.target_tokens]  # [B, T] label at t is learnable
+        b, t = batch.input_ids.shape
+        rows = learnable_rows(valid, 0 if cfg.align_topk else cfg.ttt_steps)
         with torch.no_grad():
             emb = self.target.embed(batch.input_ids).to(dt)  # [B, T, H]
             # [Nv, Vd] fp32: the target's distribution at the learnable positions, in row-major order
-            p = label_probs(batch.hidden[valid].to(self.label_rows.dtype) @ self.label_rows.T, cfg.label_temperature)
-            row = torch.full(valid.shape, -1, dtype=torch.long, device=valid.device)  # [B, T] -> row of p
-            row[valid] = torch.arange(p.shape[0], device=valid.device)
-        b, t = batch.input_ids.shape
+            p = label_probs(batch.hidden.flatten(0, 1)[rows[0]].to(self.label_rows.dtype) @ self.label_rows.T,
+                            cfg.label_temperature)
+            row = torch.full((b * t,), -1, dtype=torch.long, device=valid.device)  # [B * T] -> row of p
+            row[rows[0]] = torch.arange(p.shape[0], device=valid.device)
+            row = row.view(b, t)
         pos = torch.arange(t, device=emb.device)[None].expand(b, t)
         attn = TTTAttention(head.midlayer.self_attn)
         hid = F.linear(batch.taps.flatten(-2).to(dt) * self.tap_scale.to(emb.device, dt), head.fc.weight)  # [B, T, H]
         total = emb.new_zeros((), dtype=torch.float32)
-        stats: dict[str, float] = {}
+        stats: dict[str, torch.Tensor] = {}
         draft_tokens = head.draft_ids()
         reach = torch.ones_like(valid)  # [B, T] every earlier step drafted the target's token (align_topk)
         for k in range(cfg.ttt_steps):
@@ -209,22 +215,36 @@ class Eagle3Objective:
             rope = rope_tables(head.inv_freq, pos + k, dt)
             x = head.midlayer.attn_input(e, hid)
             hid = head.midlayer.finish(hid, attn(x, rope))
-            m = shift_left(valid, 1 + k, False) & reach  # [B, T] position t's step-k label (token t+2+k) counts
-            n = m.sum().clamp(min=1)
-            logp = F.log_softmax(head.logits(hid[m]).float(), dim=-1)  # [N_k, Vd]
-            ce = -(p[shift_left(row, 1 + k, -1)[m]] * logp).sum(-1)  # [N_k]
+            if cfg.align_topk:  # position t's step-k label (token t+2+k) counts where the tree could reach it
+                m = shift_left(valid, 1 + k, False) & reach  # [B, T]
+                sel, n = m.flatten().nonzero()[:, 0], m.sum().clamp(min=1)
+            else:
+                sel = rows[1 + k]
+                n = max(sel.shape[0], 1)
+            logp = F.log_softmax(head.logits(hid.flatten(0, 1)[sel]).float(), dim=-1)  # [N_k, Vd]
+            ce = -(p[shift_left(row, 1 + k, -1).flatten()[sel]] * logp).sum(-1)  # [N_k]
             with torch.no_grad():
-                label = shift_left(batch.target_tokens, 1 + k)[m]  # [N_k]
+                label = shift_left(batch.target_tokens, 1 + k).flatten()[sel]  # [N_k]
                 hit = draft_tokens[logp.argmax(-1)] == label  # [N_k] the head's top-1 would be accepted
                 w = 1.0 + cfg.miss_weight * (~hit).float()  # [N_k] misses (rejected drafts) weigh more
-                stats[f"acc{k}"] = float(hit.sum() / n)
-                stats[f"loss{k}"] = float(ce.detach().sum() / n)
+                stats[f"acc{k}"] = hit.sum() / n
+                stats[f"loss{k}"] = ce.detach().sum() / n
                 if cfg.align_topk:
                     reach = _in_top_k(m, logp, draft_tokens, label, cfg.align_topk)
             step_loss = (w * ce).sum() / w.sum().clamp(min=1)
             total = total + cfg.decay**k * step_loss
-        stats["loss"] = float(total.detach())
+        stats["loss"] = total.detach()
         return total, stats
+
+
+def learnable_rows(valid: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """valid: [B, T] bool (label at t learnable) -> the flat [B * T] row indices, ascending, of ``valid`` and of
+    each TTT step k < ``steps`` (position t counts at step k when t + 1 + k is valid): what ``x[mask]`` selects,
+    found for every step with one wait for the device (boolean indexing waits once per mask).
+    """
+    masks = torch.stack([valid, *(shift_left(valid, 1 + k, False) for k in range(steps))]).flatten(1)  # [S+1, B*T]
+    counts = masks.sum(1).tolist()  # the one host round trip
+    return list(masks.nonzero()[:, 1].split(counts))  # row-major: mask by mask, positions ascending
 
 
 def _in_top_k(m: torch.Tensor, logp: torch.Tensor, draft_tokens: torch.Tensor, label: torch.Tensor,

@@ -66,8 +66,10 @@ class TargetFeaturizer:
         else:
             taps = out.hidden.new_zeros(b, n, 0, out.hidden.shape[-1])
         lm = loss_mask.to(dev)
-        tokens = torch.zeros(b, n, dtype=torch.long, device=dev)  # [B, T]
-        tokens[lm] = greedy_tokens(t, out.hidden[lm])
+        tokens = torch.zeros(b * n, dtype=torch.long, device=dev)  # [B * T]
+        rows = lm.flatten().nonzero()[:, 0]  # one wait for the device (x[lm] and tokens[lm] = would wait twice)
+        tokens[rows] = greedy_tokens(t, out.hidden.flatten(0, 1)[rows])
+        tokens = tokens.view(b, n)
         # the target's forward runs in inference mode; clones are ordinary tensors autograd may save
         return FeatureBatch(
             input_ids=ids, attention_mask=attention_mask.to(dev), loss_mask=lm,

@@ -277,12 +277,11 @@ def train(cfg: TrainConfig, log=print) -> dict:
                 at = _budget_lr(cfg, acc, opt, sched, total, _budget_step(budget, total, start, state["step"] + 1,
                                                                            time.time() - t_run))
             opt.zero_grad(set_to_none=True)
-            state.update(step=state["step"] + 1, batch=bi + 1, tokens=state["tokens"] + int(batch.loss_mask.sum()),
+            tokens = sum(int(train_ex[i].loss_mask.numpy().sum()) for i in batches[bi])  # host copies: no wait
+            state.update(step=state["step"] + 1, batch=bi + 1, tokens=state["tokens"] + tokens,
                          seconds=time.time() - t0)
             bar.update(1)
-            bar.set_postfix(loss=f"{stats['loss']:.3f}", acc0=f"{stats.get('acc0', 0):.3f}",
-                            tok_s=f"{state['tokens'] / state['seconds']:.0f}")
-            _log_step(acc, history, state, stats, sched)
+            _log_step(acc, history, state, stats, sched, bar)
             if acc.is_main_process and state["step"] % cfg.eval_every == 0:
                 last_eval = (state["step"], _evaluate(cfg, objective, target, hold_ex, state, history, log))
             if acc.is_main_process and (state["step"] % cfg.save_every == 0 or max(state["step"], at) >= total):
@@ -338,12 +337,18 @@ def _feature_source(cfg: TrainConfig, target, objective):
     return online
 
 
-def _log_step(acc, history: Path, state: dict, stats: dict, sched) -> None:
+def _log_step(acc, history: Path, state: dict, stats: dict, sched, bar) -> None:
+    """Every 10th step (and the first): the stats (floats or 0-d tensors, read here: on a GPU that waits for the
+    step, so not every step) into the log and the progress bar.
+    """
     if acc.is_main_process and (state["step"] % 10 == 0 or state["step"] == 1):
+        vals = {k: float(v) for k, v in stats.items()}
         rec = {"step": state["step"], "tokens": state["tokens"], "seconds": round(state["seconds"], 1),
-               "lr": sched.optimizer.param_groups[0]["lr"], **{k: round(v, 4) for k, v in stats.items()}}
+               "lr": sched.optimizer.param_groups[0]["lr"], **{k: round(v, 4) for k, v in vals.items()}}
         with history.open("a") as f:
             f.write(json.dumps(rec) + "\n")
+        bar.set_postfix(loss=f"{vals['loss']:.3f}", acc0=f"{vals.get('acc0', 0):.3f}",
+                        tok_s=f"{state['tokens'] / max(state['seconds'], 1e-9):.0f}")
 
 
 def _evaluate(cfg, objective, target, hold_ex, state, history: Path, log) -> dict:

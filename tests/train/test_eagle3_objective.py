@@ -237,3 +237,51 @@ def test_miss_weight_weighs_positions_where_the_head_misses(tiny):
     assert 0 < hits[0] < int(valid[:, 1:].sum())  # both kinds of position present
     assert torch.allclose(loss, ref, rtol=1e-5, atol=1e-6)
     assert abs(float(loss) - plain["loss"]) > 1e-3  # the weights moved it
+
+
+def test_learnable_rows_are_the_masks_rows():
+    """Each step's flat rows == what boolean indexing with its mask selects, in the same order."""
+    from eyas.train.eagle3 import learnable_rows
+
+    g = torch.Generator().manual_seed(3)
+    valid = torch.rand(3, 17, generator=g) < 0.55
+    valid[1] = False  # a row with no label at all
+    rows = learnable_rows(valid, 4)
+    assert len(rows) == 5
+    flat = torch.arange(valid.numel()).view(valid.shape)
+    assert torch.equal(rows[0], flat[valid])
+    for k in range(4):
+        assert torch.equal(rows[1 + k], flat[shift_left(valid, 1 + k, False)]), k
+    assert [r.shape[0] for r in learnable_rows(valid, 0)] == [int(valid.sum())]
+
+
+def test_loss_waits_for_the_device_once(tiny):
+    """Without align_topk the loss finds every step's rows with one nonzero and no boolean indexing (each of those
+    drains a GPU's queue); align_topk's masks depend on each step's drafts, one nonzero a step."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.nonzero = self.bool_index = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.ops.aten.nonzero.default:
+                self.nonzero += 1
+            if func in (torch.ops.aten.index.Tensor, torch.ops.aten.index_put_.default,
+                        torch.ops.aten.index_put.default):
+                self.bool_index += any(i is not None and i.dtype == torch.bool for i in args[1])
+            return func(*args, **kwargs)
+
+    target = tiny.native("llama", seed=0)
+    head = random_eagle3_head(target.config, draft_vocab_size=96, seed=2).requires_grad_(True)
+    batch = _batch(target, head, n=18, b=3)
+    for align, nonzero in ((0, 1), (4, 1 + 3)):
+        obj = Eagle3Objective(head, target, Eagle3LossConfig(ttt_steps=3, align_topk=align))
+        with Count() as c:
+            loss, _ = obj.loss(batch)
+        assert c.nonzero == nonzero, (align, c.nonzero)
+        if not align:
+            assert c.bool_index == 0
+        assert torch.isfinite(loss)
