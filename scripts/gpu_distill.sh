@@ -27,12 +27,15 @@
 # call 2 531 s: loading 34 s, 6,195 steps, 63.4 M tokens at 137.5 k tok/s.
 # Environment: DATA_S (default 0, no data phase: a short one is mostly ramp, docs/heads.md; 120 s gave ~1 M
 # tokens), END_S (560: call 2 with timeout_s 600), BATCH (1024 rows of `eyas data`), TRAIN_TOKENS (16384), LR (4e-4),
-# SEED (9: GPU draws used 1, 2, 7, 4 and 8, CPU files 3, 5, 6, 10, 11, 12, 14-19 (next: 20), the held-out
+# SEED (9: GPU draws used 1, 2, 7, 4 and 8, CPU files 3, 5, 6, 10, 11, 12, 14-20 (next: 21), the held-out
 # file 13; a seed used before redraws its requests first, which the dedupe then drops). TRAIN_S, which the first two
 # draws set, is gone: END_S bounds the training.
 # WIDEN (unset): `eyas train --widen-mlp WIDEN`, the head's MLP widened before training (2,304 units since the sixth
 # draw; the same width is a no-op), the same function at step 0; set it for both calls, call 1's smoke test uses it
 # too; the head's config.json then comes from meta.tar.gz, not from the shipped head.
+# VOCAB (unset): `eyas train --grow-draft-vocab VOCAB`, the head's 8,192-id draft vocabulary grown (its ids and rows
+# kept, the data's most frequent other tokens added, their rows mapped from the target's; docs/heads.md "The draft
+# vocabulary"), e.g. 12288 or 16384; set it for both calls, and take config.json from meta.tar.gz, as for WIDEN.
 # The shipped head (the start of training) is stashed by call 1 too, so call 2's tree can leave it out.
 set -u -o pipefail
 STASH=${STASH:-/root/eyas-stash}
@@ -134,7 +137,8 @@ EOF
         --draft-vocab 512 --batch-tokens 2048 --max-len 256 --holdout 4 --eval-tokens 16 --eval-every 3 \
         --save-every 3 --time-budget 60 --target-dtype bfloat16 --mixed-precision bf16 || return 1
     python3 -m eyas train --data "$WORK/smoke-train.jsonl" --model "$tiny" --out "$WORK/smoke-run2" --max-steps 12 \
-        --init-head "$WORK/smoke-run/head" ${WIDEN:+--widen-mlp "$WIDEN"} --batch-tokens 2048 --max-len 256 \
+        --init-head "$WORK/smoke-run/head" ${WIDEN:+--widen-mlp "$WIDEN"} ${VOCAB:+--grow-draft-vocab "$VOCAB"} \
+        --batch-tokens 2048 --max-len 256 \
         --holdout 0 --eval-every 100000 --wall-budget 90 --target-dtype bfloat16 --mixed-precision bf16 \
         --profile-steps 2 || return 1
     [ -s "$WORK/smoke-run2/profile.txt" ] || { echo "smoke: no profile.txt" >&2; return 1; }
@@ -181,7 +185,8 @@ EOF
     local wall=$(( ${END_S:-560} - ($(date +%s) - t0) ))
     stamp "training with --wall-budget $wall"
     python3 -m eyas train --data "$data" --model "$gguf" --out "$run" --kind eagle3 --ttt-steps 3 \
-        --init-head "$STASH/head" ${WIDEN:+--widen-mlp "$WIDEN"} --max-len 1024 --batch-tokens "${TRAIN_TOKENS:-16384}" \
+        --init-head "$STASH/head" ${WIDEN:+--widen-mlp "$WIDEN"} ${VOCAB:+--grow-draft-vocab "$VOCAB"} --max-len 1024 \
+        --batch-tokens "${TRAIN_TOKENS:-16384}" \
         --lr "${LR:-4e-4}" --warmup-steps 20 --epochs 4 --wall-budget "$wall" --save-every 100000 \
         --eval-every 100000 --holdout 0 --seed 0 --target-dtype bfloat16 --mixed-precision bf16 --profile-steps 5 2>&1 \
         | tr '\r' '\n' | grep --line-buffered -v '^ *$' \

@@ -55,6 +55,10 @@ def add_train_parser(sub) -> None:
     p.add_argument("--widen-mlp", type=int, default=None, metavar="UNITS",
                    help="eagle3 with --init-head: give the head's MLP this many units before training (more "
                         "capacity, same function at step 0: new units start with zero output weights)")
+    p.add_argument("--grow-draft-vocab", type=int, default=None, metavar="IDS",
+                   help="eagle3 with --init-head: grow the head's draft vocabulary to IDS target ids first (its ids "
+                        "kept with their rows, the most frequent other assistant tokens of --data added, their rows "
+                        "the target's mapped by a least-squares fit of the kept rows)")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="end this run after about SECONDS of training: the learning-rate schedule (sized by "
                         "--epochs/--max-steps) advances by the larger of steps and elapsed time, reaching 0 on time")
@@ -85,6 +89,9 @@ def cmd_train(a: argparse.Namespace) -> int:
         raise ValueError(f"--init-head continues an EAGLE-3 head; --kind is {a.kind}")
     if a.widen_mlp is not None and a.init_head is None:
         raise ValueError("--widen-mlp widens the head given by --init-head; pass --init-head HEAD_DIR")
+    if a.grow_draft_vocab is not None and a.init_head is None:
+        raise ValueError("--grow-draft-vocab grows the head given by --init-head; pass --init-head HEAD_DIR "
+                         "(a new head takes --draft-vocab)")
     from eyas.train.eagle3 import LABEL_TEMPERATURE_MAX  # the loss config's bound, checked here before loading
 
     if not 0.0 <= a.label_temperature <= LABEL_TEMPERATURE_MAX:
@@ -104,6 +111,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         miss_weight=a.miss_weight, medusa_heads=a.medusa_heads, save_every=a.save_every,
         eval_every=a.eval_every, holdout=a.holdout, eval_tokens=a.eval_tokens, eval_tree=a.eval_tree,
         feature_cache=a.feature_cache, seed=a.seed, init_head=a.init_head, widen_mlp=a.widen_mlp,
+        grow_draft_vocab=a.grow_draft_vocab,
         time_budget=a.time_budget,
         wall_budget=a.wall_budget, profile_steps=a.profile_steps,
     )

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from eyas.drafters.eagle3 import Eagle3Head, Eagle3Layer
 from eyas.models.native import rope_tables
@@ -129,6 +130,37 @@ def widen_mlp(head: Eagle3Head, units: int, seed: int = 0) -> Eagle3Head:
     down = mlp.down_proj.weight  # [H, I]
     layer.mlp.down_proj.weight.copy_(torch.cat([down.float(), down.new_zeros(down.shape[0], units - old).float()], 1))
     head.cfg, head.config, head.midlayer = cfg, cfg.model, layer
+    return head.train(head.training).requires_grad_(any(p.requires_grad for p in head.fc.parameters()))
+
+
+@torch.no_grad()
+def grow_draft_vocab(head: Eagle3Head, target_rows: torch.Tensor, ids: torch.Tensor) -> Eagle3Head:
+    """``head`` (changed in place and returned) over the larger draft vocabulary ``ids`` ([Vd'] sorted target ids
+    holding every current draft id): the current ids keep their ``lm_head`` rows (their logits are unchanged), and
+    a new id's row is the target's output row (``target_rows`` [V, H], ``lm_head_proj.weight``) through the linear
+    map that best takes the target's rows of the current ids to the head's (least squares over the Vd current rows):
+    the new rows start where training moved their neighbours, and training goes on from there.
+    """
+    old = head.draft_ids()
+    ids = torch.as_tensor(ids, dtype=torch.long).sort().values
+    if ids.shape[0] < old.shape[0] or not torch.isin(old, ids).all():
+        raise ValueError(f"--grow-draft-vocab {ids.shape[0]} must keep the head's {old.shape[0]} draft ids "
+                         "(it only grows the vocabulary)")
+    if ids.shape[0] == old.shape[0]:
+        return head
+    w = head.lm_head.weight  # [Vd, H]
+    t = target_rows.detach().float().to(w.device)
+    fit = torch.linalg.lstsq(t[old.to(w.device)], w.float()).solution  # [H, H]: target row -> head row
+    rows = t[ids.to(w.device)] @ fit  # [Vd', H]
+    rows[torch.searchsorted(ids, old).to(w.device)] = w.float()  # the current rows exactly
+    cfg = replace(head.cfg, draft_vocab_size=ids.shape[0])
+    lm_head = nn.Linear(w.shape[1], ids.shape[0], bias=False).to(w)
+    lm_head.weight.copy_(rows)
+    v = head.t2d.shape[0]
+    head.cfg, head.lm_head = cfg, lm_head
+    head.d2t = torch.zeros(ids.shape[0], dtype=torch.long, device=head.d2t.device)
+    head.t2d = torch.zeros(v, dtype=torch.bool, device=head.t2d.device)
+    head.set_draft_vocab(ids)
     return head.train(head.training).requires_grad_(any(p.requires_grad for p in head.fc.parameters()))
 
 

@@ -65,6 +65,8 @@ class TrainConfig:
     init_head: str | None = None  # eagle3: continue this exported head (its weights and draft vocabulary)
     # eagle3 with init_head: widen its MLP to this many units first, the same function (eyas.train.eagle3.widen_mlp)
     widen_mlp: int | None = None
+    # eagle3 with init_head: grow its draft vocabulary to this many ids first (eyas.train.eagle3.grow_draft_vocab)
+    grow_draft_vocab: int | None = None
     # wall-clock seconds for this run's steps: the schedule runs at max(step, time) progress and ends on time
     time_budget: float | None = None
     # wall-clock seconds for the whole call (loading, steps, export): the steps get what loading and EXPORT_S leave
