@@ -16,9 +16,7 @@ python scripts/grow_vocab.py --head eyas/heads/smollm2-135m-instruct-eagle3 --si
 from __future__ import annotations
 
 import argparse
-import lzma
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -41,13 +39,10 @@ def main() -> None:
     v = loaded.model.config.vocab_size
     head = load_eagle3(a.head, loaded.model.config, torch.float32)
     old = head.draft_ids()
-    tmp = Path(tempfile.mkdtemp())
-    train_ex = load_examples([_plain(p, tmp) for p in a.train], loaded.tokenizer, log=lambda m: None)
+    train_ex = load_examples(a.train, loaded.tokenizer, log=lambda m: None)
     counts = {"train": _assistant_counts(train_ex, v)}
     for path in a.eval:
-        ex = load_examples([_plain(path, tmp)], loaded.tokenizer, log=lambda m: None)
-        counts[Path(path).name] = _assistant_counts(ex, v)
-    shutil.rmtree(tmp)
+        counts[Path(path).name] = _assistant_counts(load_examples([path], loaded.tokenizer, log=lambda m: None), v)
     print("assistant tokens:", ", ".join(f"{k} {int(c.sum()):,}" for k, c in counts.items()))
     vocabs = {len(old): old}
     for n in (int(s) for s in a.sizes.split(",")):
@@ -64,16 +59,6 @@ def main() -> None:
                 if (Path(a.head) / name).exists():
                     shutil.copy(Path(a.head) / name, dst / name)
             print(f"  -> {dst}")
-
-
-def _plain(path: str, tmp: Path) -> str:
-    """A .xz file decompressed into ``tmp`` (``eyas train`` reads plain JSONL), else the path itself."""
-    if not path.endswith(".xz"):
-        return path
-    dst = tmp / Path(path).name.removesuffix(".xz")
-    with lzma.open(path, "rb") as src, dst.open("wb") as out:
-        shutil.copyfileobj(src, out)
-    return str(dst)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ def add_train_parser(sub) -> None:
     p = sub.add_parser("train", help="train a drafter head on self-distilled data (accelerate)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     d = TrainConfig(data=[], out_dir="")
-    p.add_argument("--data", nargs="+", required=True, help="jsonl conversations (from `eyas data`)")
+    p.add_argument("--data", nargs="+", required=True,
+                   help="jsonl conversations (from `eyas data`; .xz or .gz packed too)")
     p.add_argument("--out", required=True, help="output dir: checkpoint/, head/, train_log.jsonl")
     p.add_argument("--kind", default=d.kind, choices=["eagle3", "eagle1", "medusa"])
     p.add_argument("--model", default=None, help="target model (default: the embedded SmolLM2)")

@@ -32,7 +32,7 @@ class Example:
 
 
 def read_conversations(paths: list[str | Path], log=print) -> list[dict]:
-    """jsonl files -> [{"id", "messages"}].
+    """jsonl files (plain, or packed as .xz / .gz, as data/selfdistill ships them) -> [{"id", "messages"}].
 
     A malformed record, or an unparsable line before the last, is a ValueError naming file and line.
     An unparsable last line (a write cut off by a kill while ``eyas data`` was writing the file) is
@@ -43,7 +43,7 @@ def read_conversations(paths: list[str | Path], log=print) -> list[dict]:
         p = Path(path)
         if not p.exists():
             raise FileNotFoundError(f"training data {p} does not exist; create it with `eyas data --out {p}`")
-        lines = p.read_text(encoding="utf-8").split("\n")  # not splitlines(): U+2028 etc. occur inside JSON strings
+        lines = _read_text(p).split("\n")  # not splitlines(): U+2028 etc. occur inside JSON strings
         last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
         for i, line in enumerate(lines):
             if not line.strip():
@@ -64,6 +64,22 @@ def read_conversations(paths: list[str | Path], log=print) -> list[dict]:
             if msgs and any(m.get("role") == "assistant" for m in msgs):
                 out.append({"id": str(rec.get("id", f"{p.name}:{i}")), "messages": msgs})
     return out
+
+
+def _read_text(p: Path) -> str:
+    """A file's text, decompressed when it ends in .xz or .gz."""
+    if p.suffix in (".xz", ".gz"):
+        import gzip
+        import lzma
+
+        opener = lzma.open if p.suffix == ".xz" else gzip.open
+        try:
+            with opener(p, "rt", encoding="utf-8") as f:
+                return f.read()
+        except (lzma.LZMAError, OSError) as e:
+            raise ValueError(f"{p}: not a readable {p.suffix[1:]} file ({e}); pass the JSONL, or a whole "
+                             f"{p.suffix} file") from None
+    return p.read_text(encoding="utf-8")
 
 
 CHUNK = 1024  # conversations tokenized per batch call (their token lists are turned into tensors chunk by chunk)

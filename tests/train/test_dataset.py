@@ -86,3 +86,28 @@ def test_unknown_speaker_is_an_error_naming_file_and_line(tmp_path):
     f.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
     with pytest.raises(ValueError, match=r"d\.jsonl:2: unknown ShareGPT speaker 'robot'"):
         read_conversations([f])
+
+
+@pytest.mark.parametrize("suffix", [".xz", ".gz"])
+def test_packed_files_read_like_the_plain_one(tmp_path, suffix):
+    import gzip
+    import lzma
+
+    text = "\n".join(json.dumps({"id": f"t:{i}", "messages": [{"role": "user", "content": f"q{i}\u2028"},
+                                                             {"role": "assistant", "content": f"a{i}"}]})
+                     for i in range(3)) + "\n"
+    plain = tmp_path / "d.jsonl"
+    plain.write_text(text, encoding="utf-8")
+    packed = tmp_path / f"d.jsonl{suffix}"
+    with (lzma.open if suffix == ".xz" else gzip.open)(packed, "wt", encoding="utf-8") as f:
+        f.write(text)
+    assert read_conversations([packed]) == read_conversations([plain])
+    bad = tmp_path / f"bad.jsonl{suffix}"
+    bad.write_bytes(b"not compressed")
+    with pytest.raises(ValueError, match=f"bad.jsonl{re.escape(suffix)}: not a readable"):
+        read_conversations([bad])
+
+
+def test_the_shipped_packed_data_reads():
+    convs = read_conversations([REPO / "data/heldout/smollm2-135m-instruct-magpie-seed13.jsonl.xz"])
+    assert len(convs) > 100 and all(c["id"].startswith("magpie:") for c in convs)
