@@ -55,7 +55,7 @@ def main() -> None:
     for epoch in range(a.epochs):
         total = 0.0
         for fb in batches:
-            loss, stats = obj.loss(fb)
+            loss, _ = obj.loss(fb)
             opt.zero_grad()
             loss.backward()
             opt.step()

@@ -156,10 +156,8 @@ def grow_draft_vocab(head: Eagle3Head, target_rows: torch.Tensor, ids: torch.Ten
     cfg = replace(head.cfg, draft_vocab_size=ids.shape[0])
     lm_head = nn.Linear(w.shape[1], ids.shape[0], bias=False).to(w)
     lm_head.weight.copy_(rows)
-    v = head.t2d.shape[0]
     head.cfg, head.lm_head = cfg, lm_head
-    head.d2t = torch.zeros(ids.shape[0], dtype=torch.long, device=head.d2t.device)
-    head.t2d = torch.zeros(v, dtype=torch.bool, device=head.t2d.device)
+    head.d2t = torch.zeros(ids.shape[0], dtype=torch.long, device=head.d2t.device)  # t2d keeps its [V] shape
     head.set_draft_vocab(ids)
     return head.train(head.training).requires_grad_(any(p.requires_grad for p in head.fc.parameters()))
 
