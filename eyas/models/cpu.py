@@ -40,9 +40,22 @@ def cpu_name() -> str:
 
 
 def cpu_flags() -> frozenset[str]:
-    """The CPU's flags (avx2, avx512_bf16, amx_bf16, ...); empty where unknown."""
+    """The CPU's flags (avx2, avx512_bf16, amx_bf16, ...): the first processor's ``flags`` line, so that caches
+    keyed by them do not change with the clock ('cpu MHz', 'bogomips'); empty where unknown.
+    """
     info = _cpuinfo()
-    return frozenset(info.split()) if info is not None else frozenset()
+    if info is None:
+        return frozenset()
+    return parse_flags(info)
+
+
+def parse_flags(cpuinfo: str) -> frozenset[str]:
+    """The words of the first ``flags`` (x86) or ``Features`` (Arm) line of a /proc/cpuinfo text."""
+    for ln in cpuinfo.splitlines():
+        key, sep, value = ln.partition(":")
+        if sep and key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
 
 
 # the flags of native bf16 matmuls on a CPU (without them oneDNN and torch emulate bf16 in float32)
