@@ -7,19 +7,28 @@ the output lossless. ``Int8Rows`` has ``GGUFBlocks``'s ``linear``/``cat`` protoc
 (eyas.models.packed, eyas.drafters.head_kernels) call either without knowing which.
 
 Where it serves (``int8_head_ready``): the kernel built and the CPU has AVX512-VNNI, ``EYAS_HEAD_INT8`` not 0, and a
-float32 head (``EYAS_HEAD_INT8=1`` also takes a bf16 head: not yet measured on an AVX512-BF16 CPU, so not the
-default there). The kernel prefetches weight groups ahead of its multiply-adds (``EYAS_HEAD_I8_PREFETCH``: groups
+float32 head, or a bf16 head where the int8 projections measured much cheaper than the bf16 Q8_0 kernel's on this
+machine (``bf16_int8_pays``: timed once, cached; ``EYAS_HEAD_INT8=1`` takes a bf16 head anyway). On a Zen 4 VM a
+bf16 head decoded 0.99x and 1.03x as fast with int8 as with Q8_0 (two one-process A/Bs); on an Intel Xeon (family 6
+model 207) its int8 projections took 0.37-0.43x the Q8_0 time at 1-4 rows and decoding ran 1.05-1.06x
+(docs/benchmarks.md). The kernel prefetches weight groups ahead of its multiply-adds (``EYAS_HEAD_I8_PREFETCH``: groups
 ahead, 0 off, default 2; read when a head is quantised, so ``scripts/head_ab.py --later-env`` can compare).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import os
+import time
 from dataclasses import dataclass
 
 import torch
 
 from eyas import kernels
+from eyas.models.cpu import cpu_flags, cpu_name
+from eyas.notes import one_time_note
 
 _kernel = kernels.Lazy(kernels.head_i8, usable=lambda k: k.available())
 _EMPTY = torch.empty(0)
@@ -64,11 +73,80 @@ class Int8Rows:
 def int8_head_ready(dtype: torch.dtype) -> bool:
     """Whether a head of ``dtype`` on a CPU gets int8 projections (see the module docstring)."""
     mode = os.environ.get("EYAS_HEAD_INT8", "auto")
-    if mode == "0" or dtype not in (torch.float32, torch.bfloat16):
+    if mode == "0" or dtype not in (torch.float32, torch.bfloat16) or _kernel() is None:
         return False
     if dtype == torch.bfloat16 and mode != "1":
+        return bf16_int8_pays()
+    return True
+
+
+# A bf16 head goes int8 where its projections then take at most this share of the Q8_0 kernel's time: int8 also
+# rounds the draft's activations (tau 0.4-0.9 % lower in the A/Bs above), so a small saving does not pay.
+PAYS = 0.7
+# the projections timed: the embedded default's EAGLE-3 head (fused q|k|v, o, fused gate|up, down, lm_head)
+HEAD_SHAPES = ((960, 1152), (576, 576), (4608, 576), (576, 2304), (8192, 576))
+HEAD_ROWS = (1, 2, 3)  # a head's calls: the root and few-token extensions, top-2 tree levels
+
+
+@functools.cache
+def bf16_int8_pays() -> bool:
+    """Whether a bf16 head's projections run on the int8 kernel on this machine: timed against the bf16 Q8_0 block
+    kernel once (~1 s), then read from ``$EYAS_CACHE/head_int8/`` (keyed by CPU, threads and the kernels' sources).
+    False where either kernel is missing.
+    """
+    q8 = kernels.gguf_bf16() if os.environ.get("EYAS_GGUF_BLOCKS", "1") != "0" else None
+    if _kernel() is None or q8 is None or not q8.available():
         return False
-    return _kernel() is not None
+    from eyas.models.loading import cache_root  # (loading imports gguf_blocks, which imports this module)
+
+    key = {"cpu": cpu_name(), "flags": sorted(cpu_flags()), "threads": torch.get_num_threads(),
+           "torch": torch.__version__, "kernels": kernels.sources_digest(), "shapes": HEAD_SHAPES, "pays": PAYS}
+    path = cache_root() / "head_int8" / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]}.json"
+    if path.exists():
+        return bool(json.loads(path.read_text())["int8"])
+    one_time_note("timing the draft head's int8 projections against its Q8_0 ones on this CPU", "~1 s")
+    q8_s, i8_s = time_head_kernels(q8)
+    choice = i8_s <= PAYS * q8_s
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"key": key, "q8_ms": round(1e3 * q8_s, 4), "int8_ms": round(1e3 * i8_s, 4),
+                               "int8": choice}, indent=1))
+    tmp.replace(path)
+    return choice
+
+
+def time_head_kernels(q8, shapes=HEAD_SHAPES, rows=HEAD_ROWS, rounds: int = 5,
+                      repeats: int = 10) -> tuple[float, float]:
+    """(Q8_0 seconds, int8 seconds): one pass over ``shapes`` [N, K] at each of ``rows``, summed, best of ``rounds``
+    passes that alternate the two kernels (a slow spell of the machine touches both). ``q8``: the bf16 block kernel.
+    """
+    g = torch.Generator().manual_seed(0)
+    q8_blocks, i8_rows = [], []
+    for n, k in shapes:
+        w = torch.randn(n, k, generator=g) * 0.05
+        i8_rows.append(Int8Rows.quantize(w))
+        blocks = torch.randint(-127, 128, (n, k // 32, 34), generator=g, dtype=torch.int8).view(torch.uint8)
+        blocks[..., :2] = torch.tensor([0.0004], dtype=torch.float16).view(torch.uint8)  # each block's scale
+        q8_blocks.append(blocks.reshape(n, -1))
+    xs = [[torch.randn(r, k, generator=g).bfloat16() for _, k in shapes] for r in rows]
+    sides = {
+        "q8": lambda x, j: q8.linear(x, q8_blocks[j], 8, _EMPTY),  # 8: GGML's Q8_0
+        "i8": lambda x, j: i8_rows[j].linear(x, None),
+    }
+    best = dict.fromkeys(sides, float("inf"))
+    with torch.inference_mode():
+        for _ in range(rounds):
+            for name, run in sides.items():
+                for x_r in xs:  # warm
+                    for j, x in enumerate(x_r):
+                        run(x, j)
+                t = time.perf_counter()
+                for _ in range(repeats):
+                    for x_r in xs:
+                        for j, x in enumerate(x_r):
+                            run(x, j)
+                best[name] = min(best[name], (time.perf_counter() - t) / repeats)
+    return best["q8"], best["i8"]
 
 
 def set_prefetch_from_env() -> int:

@@ -197,6 +197,7 @@ def test_a_heads_projections_become_q8_0_blocks_with_matching_dense_weights(monk
     head = head.to(torch.bfloat16).requires_grad_(False)
     pack_linears_(head)
     before = head[0].weight.clone()
+    monkeypatch.setenv("EYAS_HEAD_INT8", "0")  # Q8_0 blocks (else int8 rows where they pay: test_int8_rows)
     monkeypatch.setenv("EYAS_HEAD_Q8", "0")
     assert gguf_blocks.quantize_head_(head) == 0
     monkeypatch.delenv("EYAS_HEAD_Q8")

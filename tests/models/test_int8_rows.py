@@ -88,3 +88,57 @@ def test_prefetch_env(monkeypatch):
             set_prefetch_from_env()
     monkeypatch.delenv("EYAS_HEAD_I8_PREFETCH")
     assert set_prefetch_from_env() == 2
+
+
+def _fresh_choice(monkeypatch, tmp_path, seconds):
+    """bf16_int8_pays with a fresh cache under tmp_path and the timing replaced by ``seconds`` (q8, int8)."""
+    from eyas.models import int8_rows
+
+    monkeypatch.setenv("EYAS_CACHE", str(tmp_path))
+    monkeypatch.setattr(int8_rows, "time_head_kernels", lambda q8: seconds)
+    int8_rows.bf16_int8_pays.cache_clear()
+    try:
+        return int8_rows.bf16_int8_pays()
+    finally:
+        int8_rows.bf16_int8_pays.cache_clear()
+
+
+def test_bf16_heads_go_int8_only_where_it_pays_and_the_choice_is_cached(monkeypatch, tmp_path):
+    from eyas import kernels
+
+    q8 = kernels.gguf_bf16()
+    if q8 is None or not q8.available():
+        pytest.skip("needs the bf16 block kernel (AVX512-BF16)")
+    assert _fresh_choice(monkeypatch, tmp_path / "a", (1.0, 0.4))  # 0.4 of the Q8_0 time: int8
+    assert not _fresh_choice(monkeypatch, tmp_path / "b", (1.0, 0.8))  # 0.8: Q8_0 stays
+    [cached] = list((tmp_path / "a" / "head_int8").glob("*.json"))
+    assert cached.read_text().count('"int8": true') == 1
+    # a second process reads the machine's choice without timing again
+    assert _fresh_choice(monkeypatch, tmp_path / "a", (1.0, 2.0))
+
+
+def test_int8_head_ready_by_dtype_and_mode(monkeypatch):
+    from eyas.models import int8_rows
+
+    monkeypatch.setattr(int8_rows, "bf16_int8_pays", lambda: False)
+    monkeypatch.setenv("EYAS_HEAD_INT8", "auto")
+    assert int8_rows.int8_head_ready(torch.float32) and not int8_rows.int8_head_ready(torch.bfloat16)
+    monkeypatch.setattr(int8_rows, "bf16_int8_pays", lambda: True)
+    assert int8_rows.int8_head_ready(torch.bfloat16) and not int8_rows.int8_head_ready(torch.float16)
+    monkeypatch.setenv("EYAS_HEAD_INT8", "0")
+    assert not int8_rows.int8_head_ready(torch.float32) and not int8_rows.int8_head_ready(torch.bfloat16)
+    monkeypatch.setenv("EYAS_HEAD_INT8", "1")
+    monkeypatch.setattr(int8_rows, "bf16_int8_pays", lambda: False)
+    assert int8_rows.int8_head_ready(torch.bfloat16)
+
+
+def test_the_timing_runs_both_kernels():
+    from eyas import kernels
+
+    q8 = kernels.gguf_bf16()
+    if q8 is None or not q8.available():
+        pytest.skip("needs the bf16 block kernel (AVX512-BF16)")
+    from eyas.models.int8_rows import time_head_kernels
+
+    q8_s, i8_s = time_head_kernels(q8, shapes=((64, 128), (32, 64)), rows=(1, 2), rounds=1, repeats=1)
+    assert 0 < q8_s < 1 and 0 < i8_s < 1
