@@ -211,7 +211,9 @@ def bench_question(spec, q: dict, params: dict, hf: HFPeer | None, llama=None) -
     with _DraftClock(spec.drafter) as clock:
         fast = spec.generate(prompt, **params)
     res = QuestionResult(
-        question_id=q.get("question_id"), new_tokens=plain.new_tokens,
+        # the speculative output's length (the exact reference's where identical): fast mode's own output may end
+        # elsewhere (another rounding), and it is only the baseline's rate
+        question_id=q.get("question_id"), new_tokens=fast.new_tokens,
         plain_tps=plain.tokens_per_second, spec_tps=fast.new_tokens / fast.seconds,
         mean_accepted=fast.mean_accepted, identical=ref.token_ids == fast.token_ids,
         agreement=_agreement(ref.token_ids, fast.token_ids),

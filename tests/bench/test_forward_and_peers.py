@@ -104,3 +104,24 @@ def test_llamacpp_peer_decodes_greedily_past_one_batch_of_prompt():
     assert len(long) > 512
     run = peer.run(long, 20, stop_ids=())
     assert len(run.token_ids) == 20 and len(set(run.token_ids)) > 1 and run.decode_tps > 0
+
+
+def test_a_question_counts_the_speculative_outputs_tokens_when_fast_mode_ends_elsewhere(monkeypatch):
+    """Fast-mode plain decoding rounds otherwise and may stop at another length; when it is the faster baseline
+    only its rate counts: the question's tokens are the speculative output's (= the exact reference's)."""
+    from types import SimpleNamespace
+
+    from eyas.bench import speed
+
+    def run(ids, seconds):
+        return SimpleNamespace(token_ids=ids, new_tokens=len(ids), tokens_per_second=len(ids) / seconds,
+                               seconds=seconds, prefill_seconds=0.01, prompt_tokens=5, mean_accepted=2.0, steps=3)
+
+    exact = list(range(23))
+    fast_plain, ref, spec_out = run(list(range(63)), 1.0), run(exact, 0.5), run(exact, 0.3)
+    monkeypatch.setattr(speed, "plain_runs", lambda spec, prompt, params: (fast_plain, ref))
+    spec = SimpleNamespace(exact=True, drafter=None, generate=lambda prompt, **p: spec_out)
+    r = speed.bench_question(spec, {"question_id": 1, "turns": ["hi"]}, {}, None)
+    assert r.new_tokens == 23 and r.identical
+    assert r.plain_tps == pytest.approx(63.0)  # the faster plain run's rate is the baseline
+    assert r.spec_tps == pytest.approx(23 / 0.3)
