@@ -139,6 +139,23 @@ def read_questions(path: str, limit: int | None) -> list[dict]:
     return rows[:limit] if limit else rows
 
 
+def head_projections(drafter) -> dict[str, int] | None:
+    """How the drafter's head runs its projections, counted by kind ({"int8": 6, "q8_0": 1, "dense": 0}): a
+    machine-dependent choice (eyas.models.int8_rows) a benchmark records beside the CPU. None without a head.
+    """
+    head = drafter
+    while head is not None and not isinstance(head, torch.nn.Module):
+        head = getattr(head, "head", None)  # the hybrid drafter's head drafter, then its module
+    if head is None:
+        return None
+    kinds = {"Int8Rows": "int8", "GGUFBlocks": "q8_0"}
+    counts = dict.fromkeys(("int8", "q8_0", "dense"), 0)
+    for mod in head.modules():
+        if isinstance(mod, torch.nn.Linear):
+            counts[kinds.get(type(mod.__dict__.get("_eyas_blocks")).__name__, "dense")] += 1
+    return counts
+
+
 def cpu_model() -> str:
     """'AMD EPYC (avx512_bf16)' or the like: the CPU model and whether bf16 matmuls are native."""
     from eyas.models.cpu import cpu_flags, cpu_name
@@ -274,7 +291,8 @@ def cmd_speed(a) -> int:
     settings.update(machine=platform.machine(), cpu=cpu_model(), threads=torch.get_num_threads(),
                     torch=torch.__version__, dtype_used=str(spec.target.model.dtype).removeprefix("torch."),
                     exact=spec.exact, date=time.strftime("%Y-%m-%d"), tree_used=spec.drafter_spec.tree,
-                    tree_choice=spec.tree_choice.to_dict() if spec.tree_choice is not None else None)
+                    tree_choice=spec.tree_choice.to_dict() if spec.tree_choice is not None else None,
+                    head_projections=head_projections(spec.drafter))
     report = run_speed(spec, questions, params, a.compare_hf, a.warmup, settings, a.compare_llamacpp)
     print_report(report)
     if a.json_out:

@@ -125,3 +125,19 @@ def test_a_question_counts_the_speculative_outputs_tokens_when_fast_mode_ends_el
     assert r.new_tokens == 23 and r.identical
     assert r.plain_tps == pytest.approx(63.0)  # the faster plain run's rate is the baseline
     assert r.spec_tps == pytest.approx(23 / 0.3)
+
+
+def test_head_projections_counts_the_heads_kinds_through_a_hybrid_drafter():
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from eyas.bench.speed import head_projections
+    from eyas.models.gguf_blocks import GGUFBlocks
+
+    head = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 8), nn.Linear(8, 4))
+    head[0].__dict__["_eyas_blocks"] = GGUFBlocks(data=torch.zeros(32, 68, dtype=torch.uint8), qtype=8, k=64)
+    hybrid = SimpleNamespace(head=SimpleNamespace(head=head))  # HybridDrafter -> Eagle3Drafter -> module
+    assert head_projections(hybrid) == {"int8": 0, "q8_0": 1, "dense": 2}
+    assert head_projections(SimpleNamespace()) is None  # n-gram lookup: no head
+    assert head_projections(None) is None
