@@ -148,11 +148,15 @@ def head_projections(drafter) -> dict[str, int] | None:
         head = getattr(head, "head", None)  # the hybrid drafter's head drafter, then its module
     if head is None:
         return None
-    kinds = {"Int8Rows": "int8", "GGUFBlocks": "q8_0"}
+    from eyas.models.gguf_blocks import GGUFBlocks
+    from eyas.models.int8_rows import Int8Rows
+
     counts = dict.fromkeys(("int8", "q8_0", "dense"), 0)
     for mod in head.modules():
         if isinstance(mod, torch.nn.Linear):
-            counts[kinds.get(type(mod.__dict__.get("_eyas_blocks")).__name__, "dense")] += 1
+            blocks = mod.__dict__.get("_eyas_blocks")
+            kind = "int8" if isinstance(blocks, Int8Rows) else "q8_0" if isinstance(blocks, GGUFBlocks) else "dense"
+            counts[kind] += 1
     return counts
 
 

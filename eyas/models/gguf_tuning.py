@@ -22,8 +22,6 @@ VM kept 2 rows as a triple at 8.7 ms where a pair cost 8.3 (``scripts/projection
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -32,9 +30,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from eyas import kernels
-from eyas.models.cpu import cpu_flags, cpu_name
 from eyas.models.gguf_blocks import GGUFBlocks, block_kernel
+from eyas.models.machine_cache import cached_json, machine_key
 from eyas.notes import one_time_note
 
 ROWS = (2, 3, 4, 6)  # rows timed: the verify widths adaptive trees use most, and a wider one
@@ -98,10 +95,6 @@ def tune_block_kernel(model: nn.Module, cache_dir: Path | None = None, kernel=No
     ``model``'s block projections and cached (default ``$EYAS_CACHE/kernel_tuning``). None where the model has no
     block projections.
     """
-    if cache_dir is None:
-        from eyas.models.loading import cache_root  # (loading imports this module)
-
-        cache_dir = cache_root() / "kernel_tuning"
     kernel = kernel if kernel is not None else block_kernel()
     blocks = [b for m in model.modules() if isinstance(b := m.__dict__.get("_eyas_blocks"), GGUFBlocks)]
     if kernel is None or not blocks:
@@ -109,22 +102,16 @@ def tune_block_kernel(model: nn.Module, cache_dir: Path | None = None, kernel=No
     if os.environ.get("EYAS_GGUF_TUNING"):
         return apply(kernel, KernelTuning.parse(os.environ["EYAS_GGUF_TUNING"]))
     shapes = sorted({(b.qtype, *b.data.shape) for b in blocks})
-    key = {"cpu": cpu_name(), "flags": sorted(cpu_flags()), "threads": torch.get_num_threads(),
-           "torch": torch.__version__, "kernels": kernels.sources_digest(), "shapes": shapes, "pick": PICK_VERSION}
-    path = cache_dir / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]}.json"
-    if path.exists():
-        return apply(kernel, KernelTuning(**json.loads(path.read_text())["choice"]))
-    one_time_note("timing the bf16 block kernel's options on this CPU", "~5 s")
-    seconds = time_settings(kernel, blocks)
-    choice = pick(seconds)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # two processes timing at once each write their own, then one wins
-    timed = [{**asdict(s), "ms_by_rows": {r: round(1e3 * v, 3) for r, v in by_rows.items()}}
-             for s, by_rows in seconds.items()]
-    tmp.write_text(json.dumps({"key": key, "choice": asdict(choice), "timed_rows": list(ROWS), "timed": timed},
-                              indent=1))
-    tmp.replace(path)
-    return apply(kernel, choice)
+
+    def measure() -> dict:
+        one_time_note("timing the bf16 block kernel's options on this CPU", "~5 s")
+        seconds = time_settings(kernel, blocks)
+        timed = [{**asdict(s), "ms_by_rows": {r: round(1e3 * v, 3) for r, v in by_rows.items()}}
+                 for s, by_rows in seconds.items()]
+        return {"choice": asdict(pick(seconds)), "timed_rows": list(ROWS), "timed": timed}
+
+    record = cached_json("kernel_tuning", machine_key(shapes=shapes, pick=PICK_VERSION), measure, cache_dir)
+    return apply(kernel, KernelTuning(**record["choice"]))
 
 
 _active = KernelTuning()  # what the kernel runs with (its built-in defaults until apply)

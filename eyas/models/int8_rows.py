@@ -18,8 +18,6 @@ ahead, 0 off, default 2; read when a head is quantised, so ``scripts/head_ab.py 
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -27,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from eyas import kernels
-from eyas.models.cpu import cpu_flags, cpu_name
+from eyas.models.machine_cache import cached_json, machine_key
 from eyas.notes import one_time_note
 
 _kernel = kernels.Lazy(kernels.head_i8, usable=lambda k: k.available())
@@ -97,22 +95,13 @@ def bf16_int8_pays() -> bool:
     q8 = kernels.gguf_bf16() if os.environ.get("EYAS_GGUF_BLOCKS", "1") != "0" else None
     if _kernel() is None or q8 is None or not q8.available():
         return False
-    from eyas.models.loading import cache_root  # (loading imports gguf_blocks, which imports this module)
 
-    key = {"cpu": cpu_name(), "flags": sorted(cpu_flags()), "threads": torch.get_num_threads(),
-           "torch": torch.__version__, "kernels": kernels.sources_digest(), "shapes": HEAD_SHAPES, "pays": PAYS}
-    path = cache_root() / "head_int8" / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]}.json"
-    if path.exists():
-        return bool(json.loads(path.read_text())["int8"])
-    one_time_note("timing the draft head's int8 projections against its Q8_0 ones on this CPU", "~1 s")
-    q8_s, i8_s = time_head_kernels(q8)
-    choice = i8_s <= PAYS * q8_s
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"key": key, "q8_ms": round(1e3 * q8_s, 4), "int8_ms": round(1e3 * i8_s, 4),
-                               "int8": choice}, indent=1))
-    tmp.replace(path)
-    return choice
+    def measure() -> dict:
+        one_time_note("timing the draft head's int8 projections against its Q8_0 ones on this CPU", "~1 s")
+        q8_s, i8_s = time_head_kernels(q8)
+        return {"q8_ms": round(1e3 * q8_s, 4), "int8_ms": round(1e3 * i8_s, 4), "int8": i8_s <= PAYS * q8_s}
+
+    return bool(cached_json("head_int8", machine_key(shapes=HEAD_SHAPES, pays=PAYS), measure)["int8"])
 
 
 def time_head_kernels(q8, shapes=HEAD_SHAPES, rows=HEAD_ROWS, rounds: int = 5,

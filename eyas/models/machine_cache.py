@@ -1,0 +1,41 @@
+"""Per-machine choices timed once and kept on disk (``$EYAS_CACHE/<kind>/<digest>.json``), keyed by what the timing
+depends on: the CPU, its flags, torch's threads and version, and the compiled kernels' sources.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from eyas import kernels
+from eyas.models.cpu import cpu_flags, cpu_name
+
+
+def machine_key(**extra) -> dict:
+    """The machine's part of a cache key, then ``extra`` (what else the measurement depends on), in that order."""
+    return {"cpu": cpu_name(), "flags": sorted(cpu_flags()), "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "kernels": kernels.sources_digest(), **extra}
+
+
+def cached_json(kind: str, key: dict, measure: Callable[[], dict], cache_dir: Path | None = None) -> dict:
+    """The record cached for ``key`` under ``cache_dir`` (default ``$EYAS_CACHE/<kind>``), else ``measure()``'s,
+    written with the key beside it. Two processes measuring at once each write their own file, then one wins.
+    """
+    if cache_dir is None:
+        from eyas.models.loading import cache_root  # (loading imports the modules that import this one)
+
+        cache_dir = cache_root() / kind
+    path = cache_dir / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    record = {"key": key, **measure()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(path)
+    return record
