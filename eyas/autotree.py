@@ -5,7 +5,7 @@
 1. the head's acceptance profile comes with the head (``HEAD/profile.json``, written by
    ``scripts/acceptance_profile.py``); a head without one keeps its recommended tree;
 2. the machine's costs are measured once and cached under ``$EYAS_CACHE/tree_costs/`` (default
-   ``~/.cache/eyas``), keyed by CPU model, torch version and threads, target, dtype, exact mode and
+   ``~/.cache/eyas``), keyed by the machine (CPU, flags, threads, torch, kernel sources), target, dtype, exact mode and
    head: a verify step at each width (SpecDecoder over a fixed junk tree of that many nodes: the
    forward, verification and commit exactly as decoding runs them) and the drafting (whole steps with
    the real drafter, hybrid or head alone, on three dynamic trees, less the junk step of the same
@@ -31,7 +31,6 @@ from pathlib import Path
 
 import torch
 
-from eyas import kernels
 from eyas.decode import DecodeConfig, SpecDecoder
 from eyas.drafters.base import Drafter
 from eyas.drafters.eagle import head_compute_dtype
@@ -40,10 +39,10 @@ from eyas.drafters.hybrid import HybridDrafter
 from eyas.drafters.loading import DrafterSpec, default_drafter_name, detect_kind, shipped_head
 from eyas.formats.eagle3 import load_eagle3
 from eyas.models import gguf_tuning
-from eyas.models.cpu import cpu_name
 from eyas.models.exact import exact_by_default
 from eyas.models.int8_rows import int8_head_ready
 from eyas.models.loading import LoadedTarget, cache_root
+from eyas.models.machine_cache import cached_json, machine_key
 from eyas.models.packed import packed_weights, skinny_gemm_ready
 from eyas.notes import one_time_note
 from eyas.tree import make_tree
@@ -184,47 +183,45 @@ def _step_times(dec: SpecDecoder, prompt: torch.Tensor) -> list[float]:
     return times[1:]
 
 
-def machine_key(target: LoadedTarget, head_dir: Path, exact: bool) -> dict:
-    return {"cpu": cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(), "target": target.name,
-            "dtype": str(target.model.dtype), "device": str(target.model.device), "exact": exact,
-            "head": head_dir.name, "widths": list(WIDTHS),
-            # exact mode's compiled tree attention (eyas.kernels) or per-node mirrors: different costs by width
-            "path_kernel": exact and getattr(target.model, "path_kernel", lambda: None)() is not None,
-            # bf16 projections on prepacked weights (eyas.models.packed) are several times cheaper at few rows
-            "packed": packed_weights(),
-            # float32 projections at few rows through the streaming kernel: verify widths 2-16 cost far less
-            "skinny": target.model.dtype == torch.float32 and skinny_gemm_ready(),
-            # bf16 projections read from GGUF blocks (eyas.models.gguf_blocks): cheaper at one row, dearer wide
-            "gguf_blocks": sum("_eyas_blocks" in m.__dict__ for m in target.model.modules()),
-            "gguf_tuning": asdict(gguf_tuning.active()),  # the block kernel's per-CPU choices (eyas.models.gguf_tuning)
-            # the compiled kernels' sources (a faster kernel changes the costs) and the head's Q8_0 weights
-            "kernels": kernels.sources_digest(), "head_q8": os.environ.get("EYAS_HEAD_Q8", "1") != "0",
-            # the head's int8 projections (eyas.models.int8_rows): a tree level costs about half
-            "head_int8": target.model.device.type == "cpu" and int8_head_ready(head_compute_dtype(target.model)),
-            # int8 projections cost differently by width (eyas.models.quant): a separate table
-            "quantized": sorted({type(m).__name__ for m in target.model.modules() if hasattr(m, "scales")})}
+def tree_cost_key(target: LoadedTarget, head_dir: Path, exact: bool, hybrid: bool) -> dict:
+    """What the step and draft costs depend on beyond the machine (CPU, flags, threads, torch, kernel sources:
+    eyas.models.machine_cache.machine_key).
+    """
+    model = target.model
+    return machine_key(
+        target=target.name, dtype=str(model.dtype), device=str(model.device), exact=exact, head=head_dir.name,
+        widths=list(WIDTHS), hybrid=hybrid, draft_fit="paired-6x24-nnls5", step_fit="paired-3x12-monotone",
+        # exact mode's compiled tree attention (eyas.kernels) or per-node mirrors: different costs by width
+        path_kernel=exact and getattr(model, "path_kernel", lambda: None)() is not None,
+        # bf16 projections on prepacked weights (eyas.models.packed) are several times cheaper at few rows
+        packed=packed_weights(),
+        # float32 projections at few rows through the streaming kernel: verify widths 2-16 cost far less
+        skinny=model.dtype == torch.float32 and skinny_gemm_ready(),
+        # bf16 projections read from GGUF blocks (eyas.models.gguf_blocks): cheaper at one row, dearer wide
+        gguf_blocks=sum("_eyas_blocks" in m.__dict__ for m in model.modules()),
+        gguf_tuning=asdict(gguf_tuning.active()),  # the block kernel's per-CPU choices (eyas.models.gguf_tuning)
+        head_q8=os.environ.get("EYAS_HEAD_Q8", "1") != "0",  # the head's Q8_0 weights
+        # the head's int8 projections (eyas.models.int8_rows): a tree level costs about half
+        head_int8=model.device.type == "cpu" and int8_head_ready(head_compute_dtype(model)),
+        # int8 projections cost differently by width (eyas.models.quant): a separate table
+        quantized=sorted({type(m).__name__ for m in model.modules() if hasattr(m, "scales")}))
 
 
 def machine_costs(target: LoadedTarget, head_dir: Path, exact: bool, hybrid: bool = False) -> tuple[dict, DraftCost]:
-    """(step seconds by width, DraftCost) for this machine: from the cache, else measured and cached.
-    ``hybrid``: the drafting measured is the hybrid drafter's (the head plus lookup and the merge).
+    """(step seconds by width, DraftCost) for this machine: from the cache (``$EYAS_CACHE/tree_costs``), else
+    measured and cached. ``hybrid``: the drafting measured is the hybrid drafter's (the head plus lookup and the merge).
     """
-    key = {**machine_key(target, head_dir, exact), "hybrid": hybrid, "draft_fit": "paired-6x24-nnls5",
-           "step_fit": "paired-3x12-monotone"}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    path = cache_root() / "tree_costs" / f"{digest}.json"
-    if path.exists():
-        d = json.loads(path.read_text())
-        return {int(w): s for w, s in d["step_seconds"].items()}, DraftCost(**d["draft"])
-    one_time_note("sizing the draft tree to this machine: timing verify steps by width", f"cached in {path}")
-    cost = measure_step_costs(target.model, exact)
-    head = load_eagle3(head_dir, target.model.config, target.model.dtype)
-    draft = measure_draft_cost(head, target.model, exact, hybrid=hybrid)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"key": key, "step_seconds": cost, "draft": asdict(draft)}, indent=1))
-    tmp.replace(path)
-    return cost, draft
+    cache_dir = cache_root() / "tree_costs"
+
+    def measure() -> dict:
+        one_time_note("sizing the draft tree to this machine: timing verify steps by width",
+                      f"cached under {cache_dir}")
+        cost = measure_step_costs(target.model, exact)
+        head = load_eagle3(head_dir, target.model.config, target.model.dtype)
+        return {"step_seconds": cost, "draft": asdict(measure_draft_cost(head, target.model, exact, hybrid=hybrid))}
+
+    d = cached_json("tree_costs", tree_cost_key(target, head_dir, exact, hybrid), measure, cache_dir)
+    return {int(w): s for w, s in d["step_seconds"].items()}, DraftCost(**d["draft"])
 
 
 def weights_digest(head_dir: Path) -> str:
