@@ -238,6 +238,16 @@ def default_target():
     return load_target(None, "float32")
 
 
+def randomise_norms_and_biases(module: torch.nn.Module, g: torch.Generator) -> None:
+    """Norm weights around 1 and small random biases (in place), so a loader or converter that drops them is caught."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+
+
 # ---- distribution checks (sampling paths: tests/verify, tests/drafters) ----------------------------------
 def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
     """Pearson chi-square p-value; cells expected below 5 are pooled into one."""
@@ -262,11 +272,39 @@ def next_probs(target, ids: torch.Tensor, sp) -> torch.Tensor:
     return logits_to_probs(out.logits[0, -1], sp)
 
 
+def two_token_check(target, history: torch.Tensor, draft, probs: torch.Tensor, sp, vocab: int,
+                    draws: int = 3000) -> tuple[int, float]:
+    """Sample the first two tokens of a drafted step ``draws`` times through ``verify_sampling`` (a lone recovered
+    token is followed by a sample of the target's next distribution) and compare with the target's own joint
+    distribution of two tokens after ``history``. probs: [N, V] the target's distributions at the draft's nodes.
+    Returns (draws in which a draft token was accepted, chi-square p-value).
+    """
+    from eyas.verify import sample, verify_sampling
+
+    support = probs[0].nonzero().flatten().tolist()
+    cond = {a: next_probs(target, torch.cat([history, torch.tensor([a])]), sp) for a in support}
+    joint = torch.zeros(vocab, vocab, dtype=torch.float64)
+    for a in support:
+        joint[a] = probs[0, a].double() * cond[a].double()
+    gen, cont = torch.Generator().manual_seed(11), torch.Generator().manual_seed(12)
+    counts = torch.zeros(vocab, vocab, dtype=torch.float64)
+    accepted = 0
+    for _ in range(draws):
+        out = verify_sampling(draft, probs, gen)
+        accepted += out.num_accepted > 0
+        toks = out.tokens.tolist()
+        if len(toks) == 1:  # only a recovered token: the next step samples from the target
+            toks.append(int(sample(cond[toks[0]], cont)))
+        counts[toks[0], toks[1]] += 1
+    return accepted, chi_square_p_value(counts, joint)
+
+
 class Stats:
     """Namespace handed to tests by the ``stats`` fixture."""
 
     chi_square_p_value = staticmethod(chi_square_p_value)
     next_probs = staticmethod(next_probs)
+    two_token_check = staticmethod(two_token_check)
 
 
 @pytest.fixture

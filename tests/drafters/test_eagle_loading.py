@@ -23,19 +23,8 @@ from eyas.drafters.draft_lm import DraftLMDrafter
 from eyas.drafters.eagle import EagleDrafter, EagleHead, HeadMismatchError, load_eagle_head, random_head
 from eyas.drafters.loading import DrafterLoadError, DrafterSpec, build_drafter, detect_kind
 from eyas.models.loading import LoadedTarget
-
-REFERENCE_KEYS = {
-    "fc.weight",
-    "fc.bias",
-    "layers.0.self_attn.q_proj.weight",
-    "layers.0.self_attn.k_proj.weight",
-    "layers.0.self_attn.v_proj.weight",
-    "layers.0.self_attn.o_proj.weight",
-    "layers.0.mlp.gate_proj.weight",
-    "layers.0.mlp.up_proj.weight",
-    "layers.0.mlp.down_proj.weight",
-    "layers.0.post_attention_layernorm.weight",
-}
+from tests.conftest import randomise_norms_and_biases
+from tests.formats.test_eagle1_format import REFERENCE_KEYS  # SafeAILab's EAGLE-1 layout
 
 
 # ---- helpers ------------------------------------------------------------------------------------
@@ -60,12 +49,7 @@ def head_config_json(cfg, bias: bool = True, **overrides) -> dict:
 def randomise(head: EagleHead, seed: int) -> EagleHead:
     """Non-trivial norms and biases, so a loader that drops them is caught."""
     g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in head.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
-            elif name.endswith("bias"):
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    randomise_norms_and_biases(head, g)
     return head
 
 

@@ -42,7 +42,7 @@ from eyas.models.loading import LoadedTarget
 from eyas.train.features import TargetFeaturizer
 from eyas.train.medusa_loss import MedusaLossConfig, MedusaObjective
 from eyas.types import SamplingParams
-from eyas.verify import logits_to_probs, sample, verify_sampling
+from eyas.verify import logits_to_probs
 
 VOCAB = 256  # the tiny models' vocabulary (tests/conftest.py)
 N = 32
@@ -227,23 +227,9 @@ def test_one_verify_step_over_a_medusa_tree_samples_the_target(llama, stats):
             break
     else:
         raise AssertionError("no prompt gave a Medusa tree with likely root children")
-    support = probs[0].nonzero().flatten().tolist()
-    cond = {a: stats.next_probs(llama, torch.cat([seq.history, torch.tensor([a])]), sp) for a in support}
-    joint = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
-    for a in support:
-        joint[a] = probs[0, a].double() * cond[a].double()
-    gen, cont = torch.Generator().manual_seed(11), torch.Generator().manual_seed(12)
-    counts = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
-    accepted = 0
-    for _ in range(3000):
-        out = verify_sampling(draft, probs, gen)
-        accepted += out.num_accepted > 0
-        toks = out.tokens.tolist()
-        if len(toks) == 1:  # only a recovered token: the next step samples from the target
-            toks.append(int(sample(cond[toks[0]], cont)))
-        counts[toks[0], toks[1]] += 1
+    accepted, p_value = stats.two_token_check(llama, seq.history, draft, probs, sp, VOCAB)
     assert accepted > 300
-    assert stats.chi_square_p_value(counts, joint) > 1e-3
+    assert p_value > 1e-3
 
 
 # ---- checkpoint layouts ------------------------------------------------------------------------------

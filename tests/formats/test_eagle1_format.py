@@ -20,6 +20,7 @@ from eyas.drafters.loading import DrafterSpec, build_drafter, detect_kind
 from eyas.formats import read_weights
 from eyas.formats.eagle1 import save_eagle1
 from eyas.models.loading import LoadedTarget
+from tests.conftest import randomise_norms_and_biases
 
 # SafeAILab cnets1.py Model / LlamaDecoderLayer(index=0): no layers.0.input_layernorm
 REFERENCE_KEYS = {
@@ -47,12 +48,7 @@ def make_head(cfg, bias: bool = True, with_embedding: bool = False, seed: int = 
     torch.manual_seed(seed)
     head = EagleHead(replace(cfg, num_layers=1), bias=bias, with_embedding=with_embedding)
     g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in head.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
-            elif name.endswith("bias"):
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    randomise_norms_and_biases(head, g)
     return head.eval().requires_grad_(False)
 
 

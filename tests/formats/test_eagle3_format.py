@@ -22,6 +22,7 @@ from eyas.formats import read_weights, save_tensors, weight_keys, write_json
 from eyas.formats.eagle1 import save_eagle1
 from eyas.formats.eagle3 import aux_layers_from_config, load_eagle3, looks_like_eagle3_dir, save_eagle3
 from eyas.models.config import ModelConfig
+from tests.conftest import randomise_norms_and_biases
 
 VD = 128  # draft vocabulary of the test heads (the tiny targets have 256 tokens)
 
@@ -57,12 +58,7 @@ def make_head(cfg: ModelConfig, aux=(0, 1, 2), vd: int = VD, seed: int = 0) -> E
     head = Eagle3Head(Eagle3Config.for_target(cfg, vd, aux))
     g = torch.Generator().manual_seed(seed)
     head.set_draft_vocab(torch.randperm(cfg.vocab_size, generator=g)[:vd])
-    with torch.no_grad():
-        for name, p in head.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
-            elif name.endswith("bias"):
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    randomise_norms_and_biases(head, g)
     return head.eval().requires_grad_(False)
 
 
