@@ -116,12 +116,13 @@ def detect_kind(p: Path) -> str:
     'draft' for full causal LMs.
     """
     from eyas.formats.eagle3 import looks_like_eagle3_dir
+    from eyas.formats.medusa import looks_like_medusa_dir
 
     if looks_like_eagle3_dir(p):
         return "eagle3"
     if eagle.looks_like_eagle_dir(p):
         return "eagle"
-    if medusa.looks_like_medusa_dir(p):
+    if looks_like_medusa_dir(p):
         return "medusa"
     return "draft"
 

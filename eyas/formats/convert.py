@@ -5,8 +5,8 @@
     gguf          llama.cpp EAGLE-3 draft, one .gguf file                           eyas.formats.gguf_eagle3
     eagle1        SafeAILab EAGLE-1 directory (SafeAILab, SGLang)                   eyas.formats.eagle1
     eagle1-vllm   EAGLE-1 directory vLLM loads (no fc bias, ``bias: false``)        eyas.formats.eagle1
-    medusa        FasterDecoding/Medusa heads (Medusa, TensorRT-LLM)                eyas.drafters.medusa
-    medusa-vllm   vLLM's MedusaModel heads                                          eyas.drafters.medusa
+    medusa        FasterDecoding/Medusa heads (Medusa, TensorRT-LLM)                eyas.formats.medusa
+    medusa-vllm   vLLM's MedusaModel heads                                          eyas.formats.medusa
 
 SRC is any head eyas reads (a directory in one of these layouts, trained here or downloaded,
 or an EAGLE-3 .gguf). The head is loaded for its target (``--verifier``, else the target the
@@ -84,9 +84,9 @@ _KIND_NAMES = {"eagle3": "EAGLE-3", "eagle1": "EAGLE-1", "medusa": "Medusa"}
 def source_kind(src: Path) -> str:
     """'eagle3', 'eagle1' or 'medusa' for a head directory or .gguf; ValueError for anything else."""
     from eyas.drafters.eagle import looks_like_eagle_dir
-    from eyas.drafters.medusa import looks_like_medusa_dir
     from eyas.formats.eagle3 import looks_like_eagle3_dir
     from eyas.formats.gguf_eagle3 import is_eagle3_gguf
+    from eyas.formats.medusa import looks_like_medusa_dir
 
     if not src.exists():
         raise FileNotFoundError(f"no such head: {src} (expected a head directory or an EAGLE-3 .gguf file)")
@@ -152,7 +152,7 @@ def load_source(src: Path, kind: str, verifier: str | None) -> SourceHead:
 
         head = load_eagle_head(src, target_cfg, torch.float32)
     else:
-        from eyas.drafters.medusa import load_medusa
+        from eyas.formats.medusa import load_medusa
 
         head = load_medusa(src, target_cfg)
     return SourceHead(kind, head, _weights_dtype(src), ver, name)
@@ -215,7 +215,7 @@ def _eagle1(layout: str):
 
 def _medusa(layout: str):
     def write(src: SourceHead, out: Path, dtype: torch.dtype) -> Path:
-        from eyas.drafters.medusa import save_medusa
+        from eyas.formats.medusa import save_medusa
 
         # base_model_name_or_path: what Medusa's MedusaModel.from_pretrained and TensorRT-LLM's
         # convert_checkpoint.py (--model_dir) load the base model from

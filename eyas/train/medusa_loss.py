@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from eyas.drafters.medusa import MedusaHeads, medusa_heads_for, save_medusa
+from eyas.drafters.medusa import MedusaHeads, medusa_heads_for
+from eyas.formats.medusa import save_medusa
 from eyas.train.features import FeatureBatch
 
 

@@ -31,13 +31,11 @@ from eyas.drafters.medusa import (
     MedusaConfig,
     MedusaDrafter,
     MedusaHeads,
-    load_medusa,
-    looks_like_medusa_dir,
     make_medusa_tree,
     medusa_heads_for,
-    save_medusa,
     target_lm_head_weight,
 )
+from eyas.formats.medusa import load_medusa, looks_like_medusa_dir, save_medusa
 from eyas.models.loading import LoadedTarget
 from eyas.train.features import TargetFeaturizer
 from eyas.train.medusa_loss import MedusaLossConfig, MedusaObjective

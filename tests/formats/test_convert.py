@@ -17,12 +17,13 @@ from eyas.cli import main
 from eyas.decode import DecodeConfig, SpecDecoder
 from eyas.drafters.eagle import EagleDrafter, EagleHead, load_eagle_head
 from eyas.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
-from eyas.drafters.medusa import MedusaDrafter, load_medusa, medusa_heads_for, save_medusa
+from eyas.drafters.medusa import MedusaDrafter, medusa_heads_for
 from eyas.formats import read_weights, write_json
 from eyas.formats.convert import LAYOUTS, ConvertRequest, convert
 from eyas.formats.eagle1 import save_eagle1
 from eyas.formats.eagle3 import load_eagle3, save_eagle3
 from eyas.formats.gguf_eagle3 import load_eagle3_gguf, save_eagle3_gguf
+from eyas.formats.medusa import load_medusa, save_medusa
 from eyas.models.config import ModelConfig
 from tests.conftest import stderr_lines
 

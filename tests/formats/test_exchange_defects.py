@@ -113,7 +113,7 @@ def test_speculators_non_llama_layer_is_refused(tiny, tmp_path, kind):
 @pytest.mark.slow
 def test_medusa_base_model_for_the_embedded_target(tmp_path, default_target):
     heads = medusa_heads_for(default_target.model, num_heads=2, init="random")
-    from eyas.drafters.medusa import save_medusa
+    from eyas.formats.medusa import save_medusa
 
     save_medusa(heads, tmp_path / "src", layout="vllm", target_name="")  # what eyas train wrote before
     convert(ConvertRequest(tmp_path / "src", tmp_path / "out", "medusa", verifier="embedded"))
