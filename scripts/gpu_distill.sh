@@ -60,7 +60,7 @@ prepare() {  # here, with the project's venv first on PATH
     d=$(python -c "from eyas.models.loading import resolve_model_dir as r; print(r(None))") || return 1
     rm -rf .carry/magpie .carry/head .carry/p1 .carry/p2 && mkdir -p .carry/tok .carry/head .carry/magpie .whl
     # every packed Magpie file as one xz stream, in the same order (run reads them as one concatenation): one
-    # dictionary across files (~2 min): 13.5 -> 11.8 MB for the files up to cpu18; with cpu21 both calls 66.91 MB
+    # dictionary across files (~2 min): 13.5 -> 11.8 MB for the files up to cpu18; with cpu21 both calls 66.97 MB
     xz -dc data/selfdistill/smollm2-135m-instruct-magpie-*.jsonl.xz | xz -9e -T1 > .carry/magpie/all.jsonl.xz \
         || return 1
     xz -9 -c data/selfdistill/smollm2-135m-instruct-commercial.jsonl > .carry/commercial.jsonl.xz
