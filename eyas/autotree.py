@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from eyas import kernels
 from eyas.decode import DecodeConfig, SpecDecoder
 from eyas.drafters.base import Drafter
 from eyas.drafters.eagle import head_compute_dtype
@@ -201,6 +202,8 @@ def tree_cost_key(target: LoadedTarget, head_dir: Path, exact: bool, hybrid: boo
         gguf_blocks=sum("_eyas_blocks" in m.__dict__ for m in model.modules()),
         gguf_tuning=asdict(gguf_tuning.active()),  # the block kernel's per-CPU choices (eyas.models.gguf_tuning)
         head_q8=os.environ.get("EYAS_HEAD_Q8", "1") != "0",  # the head's Q8_0 weights
+        # greedy steps' output projection screened (eyas.models.lm_screen): a verify row costs less
+        lm_screen=exact and model.dtype == torch.bfloat16 and kernels.lm_screen() is not None,
         # the head's int8 projections (eyas.models.int8_rows): a tree level costs about half
         head_int8=model.device.type == "cpu" and int8_head_ready(head_compute_dtype(model)),
         # int8 projections cost differently by width (eyas.models.quant): a separate table

@@ -265,7 +265,8 @@ class BatchDecoder:
         b = len(self.rows)
         cache = RowCaches([r.seq.cache for r in self.rows]) if self.own_caches else self.cache.rows(0, b)
         if exact:
-            meta = ForwardMeta(start=starts, paths=paths, taps=self.taps)
+            greedy = all(r.dec.argmax_only for r in self.rows)
+            meta = ForwardMeta(start=starts, paths=paths, taps=self.taps, argmax_only=greedy)
         else:
             meta = ForwardMeta(start=starts, mask=mask, kv_len=kv_len, taps=self.taps)
         return self.target.run(tokens, positions, cache, meta), w

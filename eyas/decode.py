@@ -113,6 +113,8 @@ class SpecDecoder:
                 f"{self.width}; shrink the tree (--total-tokens) or pass --no-exact"
             )
         self.taps = drafter.taps if drafter is not None else ()
+        # greedy verification and the first token read only the target's argmax (ForwardMeta.argmax_only)
+        self.argmax_only = cfg.sampling.greedy and cfg.typical is None
         self.stats = StepStats()
         self.generator = None
         if cfg.seed is not None:
@@ -269,6 +271,7 @@ class SpecDecoder:
             kv_len=kv_len,
             exact=kv_len is not None,
             logits_idx=torch.tensor([t - 1], device=tokens.device) if prefill else None,
+            argmax_only=self.argmax_only,
         )
         return self.target.run(tokens[None], positions[None], cache, meta)
 

@@ -238,6 +238,18 @@ def default_target():
     return load_target(None, "float32")
 
 
+@pytest.fixture(scope="session")
+def embedded_bf16():
+    """(the embedded default loaded in bf16, its GGUF file's path)."""
+    from eyas.models.loading import embedded_gguf_path, load_target
+
+    try:
+        path = embedded_gguf_path()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"embedded model not installed: {e}")
+    return load_target(None, dtype="bfloat16"), path
+
+
 def randomise_norms_and_biases(module: torch.nn.Module, g: torch.Generator) -> None:
     """Norm weights around 1 and small random biases (in place), so a loader or converter that drops them is caught."""
     with torch.no_grad():

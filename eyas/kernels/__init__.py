@@ -9,6 +9,8 @@ an unsupported platform) or its switch turns it off; callers then keep the pure-
 - ``gguf_bf16()`` (``gguf_bf16.cpp``, ``EYAS_GGUF_BLOCKS``): bf16 projections over GGUF blocks;
 - ``gguf_f32()`` (``gguf_f32.cpp``, ``EYAS_GGUF_BLOCKS``): float32 projections over GGUF blocks, a few rows;
 - ``head_i8()`` (``head_i8.cpp``, ``EYAS_HEAD_INT8``): a draft head's few-row projections in int8 (AVX512-VNNI);
+- ``lm_screen()`` (``lm_screen.cpp``, ``EYAS_LM_SCREEN``): greedy decoding's output projection, screened in int8
+  (AVX512-VNNI) so that only the few logits that can be the argmax are computed exactly;
 - ``layer_ops()`` (``layer_ops.cpp``, ``EYAS_LAYER_OPS``): RoPE + KV-cache write of exact decode forwards, and
   the row argmax greedy verification reads (``argmax``).
 
@@ -145,6 +147,18 @@ def head_i8():
     if os.environ.get("EYAS_HEAD_INT8", "auto") == "0" or "avx512_vnni" not in cpu_flags():
         return None  # no build where it could not serve (AVX2-only CPUs)
     return _get("head_i8", "the draft head's int8 projection kernel", "EYAS_HEAD_INT8")
+
+
+def lm_screen():
+    """The compiled argmax screen for a bf16 Q8_0 output projection (``candidates(x, blocks)``, ``approx(x, blocks)``,
+    ``available()``: False where the build lacks AVX512-VNNI), or None where it is off (``EYAS_LM_SCREEN=0``), the CPU
+    has no AVX512-VNNI (then it is not built) or it cannot be built.
+    """
+    from eyas.models.cpu import cpu_flags
+
+    if os.environ.get("EYAS_LM_SCREEN", "auto") == "0" or "avx512_vnni" not in cpu_flags():
+        return None
+    return _get("lm_screen", "the greedy output-projection screen", "EYAS_LM_SCREEN")
 
 
 def layer_ops():

@@ -19,7 +19,8 @@ from eyas.models.config import ModelConfig
 
 @dataclass
 class ForwardOutput:
-    # [B, T, V] (or [B, len(logits_idx), V] when only some rows were asked for)
+    # [B, T, V] (or [B, len(logits_idx), V] when only some rows were asked for); with ForwardMeta.argmax_only
+    # possibly -inf except where an entry can be its row's maximum
     logits: torch.Tensor
     # [B, T, D] final feature after the last norm (what EAGLE-1 drafts from)
     hidden: torch.Tensor
@@ -134,6 +135,9 @@ class ForwardMeta:
     taps: tuple[int, ...] = ()
     # exact mode outside path attention (prefill chunks): linears padded to their row floors (eyas.models.exact)
     exact: bool = False
+    # the caller reads only each row's argmax (greedy decoding): a backend may return logits that are exact where
+    # they can be the maximum and -inf elsewhere (eyas.models.lm_screen); argmax then equals the full logits'
+    argmax_only: bool = False
 
 
 class TargetModel(ABC):

@@ -29,6 +29,7 @@ from eyas.models.layers import (  # noqa: F401  (re-exported: the heads build on
     rope_tables,
     vocab_logits,
 )
+from eyas.models.lm_screen import screened_logits
 from eyas.models.packed import pack_linears_
 from eyas.models.quant import QUANTIZE_CHOICES, quantize_int8_
 
@@ -278,7 +279,12 @@ class NativeLlama(nn.Module, TargetModel):
             # exact prefill's few logit rows (the last token's) are no part of the cache: the row-invariant block
             # kernel, as decoding's, gives them the same bits in any chunking, without padding a [V, H] GEMM
             floors = DecodeFloors(self.row_floors)
-        logits = linear(self.lm_head_proj, rows, floors) if floors is not None else self.lm_head(rows)
+        # greedy callers read only the argmax: where the block kernel computes the logits, a screen finds the few
+        # that can be it and computes those alone, the same bits (eyas.models.lm_screen)
+        screen = meta.argmax_only and type(floors) is DecodeFloors
+        logits = screened_logits(self.lm_head_proj, rows) if screen else None
+        if logits is None:
+            logits = linear(self.lm_head_proj, rows, floors) if floors is not None else self.lm_head(rows)
         return ForwardOutput(logits=logits.float(), hidden=hidden, taps=tapped)
 
     def _attn_meta(self, tokens: torch.Tensor, cache: KVCache, meta: ForwardMeta) -> AttnMeta:

@@ -118,17 +118,6 @@ def test_training_and_other_dtypes_do_not_take_the_kernel():
 # ---- the embedded default (its GGUF file is Q4_1 + a Q8_0 embedding) ----------------------------------
 
 
-@pytest.fixture(scope="module")
-def embedded_bf16():
-    from eyas.models.loading import embedded_gguf_path, load_target
-
-    try:
-        path = embedded_gguf_path()
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"embedded model not installed: {e}")
-    return load_target(None, dtype="bfloat16"), path
-
-
 @needs_bf16
 def test_embedded_default_attaches_every_projection_and_checks_them(embedded_bf16, monkeypatch):
     loaded, path = embedded_bf16

@@ -39,7 +39,9 @@ def attention_path(request, monkeypatch):
 
 
 def _decoder(target, exact=True):
-    return SpecDecoder(target, None, DecodeConfig(max_new_tokens=16, exact=exact))
+    dec = SpecDecoder(target, None, DecodeConfig(max_new_tokens=16, exact=exact))
+    dec.argmax_only = False  # every logit computed (greedy decoding's screened logits hold only the candidates)
+    return dec
 
 
 def _tree(tokens: list[int]):

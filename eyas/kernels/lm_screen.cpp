@@ -1,0 +1,274 @@
+// Greedy decoding's output projection without computing every logit exactly: a cheap integer pass over the Q8_0
+// blocks finds, for each row, the few vocabulary entries that can still be its argmax; only those are then computed
+// exactly (by gguf_bf16.cpp, whose outputs do not depend on which weight rows share a call), so the argmax is the
+// one the full bf16 projection gives, bit for bit, ties included.
+//
+// Per row r and 32-value block b the activations are rounded to int8 with the block's own scale
+// (sx = max |x_b| / 127, round to nearest even, llama.cpp's q8_0 activations); a weight block is d * q (q int8, d its
+// fp16 scale). With exact int32 block dots (AVX512-VNNI) the approximation is
+//   a~[r, v] = sum_b sx[r, b] * d[v, b] * sum_k xq[r, k] q[v, k]
+// and it is within E[r, v] of the logit the bf16 kernel returns, a = bf16(fl32(sum_k x[k] * w~[k])) with
+// w~ = bf16(d * q) (the loader's weights; d * q is exact in float32), m_b = max |x_b| = 127 sx_b:
+//   |sum x (d q) - a~_real|   <= sum_b |d q_b|_1 * sx_b / 2       (activation rounding, |x - sx xq| <= sx / 2)
+//   |sum x (w~ - d q)|        <= sum_b |w~_b - d q_b|_1 * m_b     (the weights' bf16 rounding, summed at pack time)
+//   both kernels' float32 sums (<= 600 terms each) <= 2^-13 sum_b |d q_b|_1 * m_b  (generous: ~2^-14.2 needed)
+//   the final bf16 rounding   <= 2^-8 (|a~| + the above)
+// so E = (1 + 2^-10) E' + 2^-8 (|a~| + 1.01 E') with E' = sum_b m_b * F[v, b], F = |d q_b|_1 (0.5001 / 127 + 2^-13)
+// + |w~_b - d q_b|_1 computed once per weight block (pack).
+// A row's candidates are every v with a~ + E >= max_u (a~_u - E_u): its true maximum is among them (a~_c + E_c >=
+// a_c = max >= a_u >= a~_u - E_u for every u), and so is every entry that ties with it.
+// On SmolLM2's output projection (49,152 x 576) a row keeps 3 candidates at the median and ~11 at the 90th percentile.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__F16C__)
+#include <immintrin.h>
+#define EYAS_LM_SCREEN 1
+#endif
+
+namespace {
+
+constexpr int64_t QK = 32, BB = 34;  // Q8_0: 32 weights, an fp16 scale then 32 int8 values
+constexpr int64_t LANES = 16;        // outputs a group: one per float32 lane
+constexpr int MAXR = 16;             // rows per call (a verify tree's nodes)
+constexpr int RB = 8;                // rows per pass over a group: 2 x 8 accumulators + 8 weight registers
+// per |d q| of a block, times the row block's max |x|: activation rounding (sx / 2, sx = max / 127; 0.5001 for the
+// float32 scale's own rounding) and the float32 sums of both kernels (2^-13)
+constexpr double ACT_ROUND = 0.5001 / 127.0 + 0.0001220703125;
+
+// Packed layout (pack()): output v = 16 g + l is lane l of group g. Per group and block b:
+//   w   [g][b][c][l][4]: bytes 4c .. 4c + 3 of v's block, as q + 128 (uint8), c = 0 .. 7 (64 bytes a c)
+//   d   [g][b][l]: v's block scale (float32), 0 for padding lanes
+//   l1d [g][b][l]: v's block's factor in the bound, ACT_ROUND * sum |d q| + sum |bf16(d q) - d q|; 0 for padding
+// so one VPDPBUSD takes 4 bytes of 16 outputs against 4 activations broadcast: no horizontal sums anywhere.
+std::vector<torch::Tensor> pack(torch::Tensor blocks, int64_t k) {
+  TORCH_CHECK(k % QK == 0 && blocks.dim() == 2 && blocks.scalar_type() == at::kByte && blocks.is_contiguous() &&
+                  blocks.size(1) == k / QK * BB, "lm_screen.pack: blocks [V, K / 32 * 34] contiguous uint8 (Q8_0)");
+  const int64_t n = blocks.size(0), nblk = k / QK, groups = (n + LANES - 1) / LANES;
+  auto w = torch::full({groups, nblk, 8, LANES * 4}, 128, torch::kByte);
+  auto d = torch::zeros({groups, nblk, LANES}, torch::kFloat), l1d = torch::zeros_like(d);
+  const uint8_t* src = blocks.data_ptr<uint8_t>();
+  uint8_t* wd = w.data_ptr<uint8_t>();
+  float *dd = d.data_ptr<float>(), *ld = l1d.data_ptr<float>();
+  at::parallel_for(0, n, 1024, [&](int64_t v0, int64_t v1) {
+    for (int64_t v = v0; v < v1; ++v) {
+      const int64_t g = v / LANES, l = v % LANES;
+      for (int64_t b = 0; b < nblk; ++b) {
+        const uint8_t* blk = src + (v * nblk + b) * BB;
+        uint16_t h;
+        std::memcpy(&h, blk, 2);
+        const float scale = static_cast<float>(c10::Half(h, c10::Half::from_bits()));
+        double l1 = 0.0, delta = 0.0;  // sum |d q|, and sum |bf16(d q) - d q| (the loader's rounding, exactly)
+        for (int64_t j = 0; j < QK; ++j) {
+          const int8_t q = static_cast<int8_t>(blk[2 + j]);
+          const float w = scale * static_cast<float>(q);  // gguf-py's float32 weight (exact: 8 x 11 bits)
+          l1 += std::fabs(static_cast<double>(w));
+          delta += std::fabs(static_cast<double>(static_cast<float>(c10::BFloat16(w))) - w);
+          wd[(((g * nblk + b) * 8 + j / 4) * LANES + l) * 4 + j % 4] = static_cast<uint8_t>(q + 128);
+        }
+        dd[(g * nblk + b) * LANES + l] = scale;
+        // the bound's factor for this block, times the row block's max |x| (sx = max |x| / 127)
+        ld[(g * nblk + b) * LANES + l] = static_cast<float>((l1 * ACT_ROUND + delta) * (1.0 + 1e-6));
+      }
+    }
+  });
+  return {w, d, l1d};
+}
+
+struct Rows {  // one call's rows, quantised per 32-value block
+  int64_t r = 0, nblk = 0;
+  std::vector<int8_t> xq;      // [r][k], round(x / sx) in -127 .. 127
+  std::vector<int32_t> corr;   // [r][nblk]: -128 * sum of the block's xq (the weights are stored + 128)
+  std::vector<float> sx, amax;  // [r][nblk]: the block's scale and its max |x| (the bound's factor)
+};
+
+Rows quantise(const at::BFloat16* x, int64_t r, int64_t k) {
+  Rows q;
+  q.r = r;
+  q.nblk = k / QK;
+  q.xq.assign(static_cast<size_t>(r * k), 0);
+  q.corr.assign(static_cast<size_t>(r * q.nblk), 0);
+  q.sx.assign(q.corr.size(), 0.0f);
+  q.amax.assign(q.corr.size(), 0.0f);
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t b = 0; b < q.nblk; ++b) {
+      float v[QK], amax = 0.0f;
+      bool finite = true;
+      for (int j = 0; j < QK; ++j) {
+        v[j] = static_cast<float>(x[i * k + b * QK + j]);
+        amax = std::max(amax, std::fabs(v[j]));
+        finite = finite && std::isfinite(v[j]);
+      }
+      if (!finite) amax = NAN;  // NaN scales: every approximation of the row is NaN, and candidates() declines
+      const float inv = amax > 0 ? 127.0f / amax : 0.0f, sx = amax / 127.0f;
+      int32_t sum = 0;
+      for (int j = 0; j < QK; ++j) {
+        const float t = std::min(127.0f, std::max(-127.0f, std::nearbyint(v[j] * inv)));  // NaN: caught later
+        const int8_t c = static_cast<int8_t>(t == t ? t : 0.0f);
+        q.xq[i * k + b * QK + j] = c;
+        sum += c;
+      }
+      q.corr[i * q.nblk + b] = -128 * sum;
+      q.sx[i * q.nblk + b] = sx;
+      q.amax[i * q.nblk + b] = amax;
+    }
+  return q;
+}
+
+#ifdef EYAS_LM_SCREEN
+// rows [i0, i0 + R) against group g: 16 approximations and bounds each
+template <int R>
+void group_pass(const Rows& q, int64_t i0, const uint8_t* w, const float* d, const float* l1d, __m512* acc,
+                __m512* bnd) {
+  const int64_t k = q.nblk * QK;
+  for (int i = 0; i < R; ++i) acc[i] = bnd[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < q.nblk; ++b) {
+    __m512i wv[8];
+    for (int c = 0; c < 8; ++c) wv[c] = _mm512_loadu_si512(w + (b * 8 + c) * 64);
+    const __m512 dv = _mm512_loadu_ps(d + b * LANES), lv = _mm512_loadu_ps(l1d + b * LANES);
+    for (int i = 0; i < R; ++i) {
+      const int64_t row = i0 + i;
+      const int32_t* x4 = reinterpret_cast<const int32_t*>(q.xq.data() + row * k + b * QK);
+      __m512i s = _mm512_set1_epi32(q.corr[row * q.nblk + b]);
+      for (int c = 0; c < 8; ++c) s = _mm512_dpbusd_epi32(s, wv[c], _mm512_set1_epi32(x4[c]));
+      const __m512 scale = _mm512_mul_ps(dv, _mm512_set1_ps(q.sx[row * q.nblk + b]));
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc[i]);
+      bnd[i] = _mm512_fmadd_ps(lv, _mm512_set1_ps(q.amax[row * q.nblk + b]), bnd[i]);
+    }
+  }
+}
+
+void rows_pass(int rows, const Rows& q, int64_t i0, const uint8_t* w, const float* d, const float* l1d, __m512* acc,
+               __m512* bnd) {
+  switch (rows) {
+    case 8: group_pass<8>(q, i0, w, d, l1d, acc, bnd); break;
+    case 7: group_pass<7>(q, i0, w, d, l1d, acc, bnd); break;
+    case 6: group_pass<6>(q, i0, w, d, l1d, acc, bnd); break;
+    case 5: group_pass<5>(q, i0, w, d, l1d, acc, bnd); break;
+    case 4: group_pass<4>(q, i0, w, d, l1d, acc, bnd); break;
+    case 3: group_pass<3>(q, i0, w, d, l1d, acc, bnd); break;
+    case 2: group_pass<2>(q, i0, w, d, l1d, acc, bnd); break;
+    default: group_pass<1>(q, i0, w, d, l1d, acc, bnd); break;
+  }
+}
+#endif
+
+void check(const torch::Tensor& x, const std::vector<torch::Tensor>& packed, int64_t n) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.size(1) % QK == 0,
+              "lm_screen: x [R, K] bf16 with K a multiple of 32");
+  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= MAXR, "lm_screen: 1 to ", MAXR, " rows, got ", x.size(0));
+  TORCH_CHECK(packed.size() == 3 && packed[0].dim() == 4 && packed[0].size(1) == x.size(1) / QK &&
+                  packed[0].is_contiguous() && packed[1].is_contiguous() && packed[2].is_contiguous() &&
+                  n > 0 && n <= packed[0].size(0) * LANES,
+              "lm_screen: packed weights from pack(blocks, K) with x's K, and 0 < V <= their groups * 16");
+}
+
+// x [R, K] bf16, pack()'s tensors, V -> (approx [R, V], bound [R, V]) float32
+std::vector<torch::Tensor> approx(torch::Tensor x, std::vector<torch::Tensor> packed, int64_t n) {
+  check(x, packed, n);
+#ifdef EYAS_LM_SCREEN
+  x = x.contiguous();
+  const int64_t r = x.size(0), k = x.size(1), nblk = k / QK, groups = (n + LANES - 1) / LANES;
+  const Rows q = quantise(x.data_ptr<at::BFloat16>(), r, k);
+  auto a = torch::empty({r, groups * LANES}, x.options().dtype(at::kFloat)), e = torch::empty_like(a);
+  const uint8_t* wd = packed[0].data_ptr<uint8_t>();
+  const float *dd = packed[1].data_ptr<float>(), *ld = packed[2].data_ptr<float>();
+  float *ad = a.data_ptr<float>(), *ed = e.data_ptr<float>();
+  const int64_t stride = groups * LANES;
+  at::parallel_for(0, groups, 16, [&](int64_t g0, int64_t g1) {
+    __m512 acc[RB], bnd[RB];
+    const __m512 grow = _mm512_set1_ps(1.0f + 0.0009765625f), out = _mm512_set1_ps(0.00390625f);
+    const __m512 slack = _mm512_set1_ps(1.01f);
+    for (int64_t g = g0; g < g1; ++g) {
+      const uint8_t* w = wd + g * nblk * 8 * 64;
+      const float *d = dd + g * nblk * LANES, *l = ld + g * nblk * LANES;
+      if (g + 2 < g1)
+        for (int64_t o = 0; o < nblk * 8 * 64; o += 64) _mm_prefetch(reinterpret_cast<const char*>(w + 2 * nblk * 8 * 64 + o), _MM_HINT_T0);
+      for (int64_t i0 = 0; i0 < r; i0 += RB) {
+        const int rows = static_cast<int>(std::min<int64_t>(RB, r - i0));
+        rows_pass(rows, q, i0, w, d, l, acc, bnd);
+        for (int i = 0; i < rows; ++i) {
+          const __m512 bound = _mm512_fmadd_ps(
+              grow, bnd[i], _mm512_mul_ps(out, _mm512_fmadd_ps(slack, bnd[i], _mm512_abs_ps(acc[i]))));
+          _mm512_storeu_ps(ad + (i0 + i) * stride + g * LANES, acc[i]);
+          _mm512_storeu_ps(ed + (i0 + i) * stride + g * LANES, bound);
+        }
+      }
+    }
+  });
+  return {a.narrow(1, 0, n), e.narrow(1, 0, n)};
+#else
+  TORCH_CHECK(false, "lm_screen: built without AVX512-VNNI");
+#endif
+}
+
+// x [R, K] bf16, pack()'s tensors, V -> [C] long: sorted vocabulary ids that can be some row's argmax; empty when an
+// approximation is not finite (the caller then computes every logit)
+torch::Tensor candidates(torch::Tensor x, std::vector<torch::Tensor> packed, int64_t n) {
+  const auto ae = approx(x, packed, n);
+#ifdef EYAS_LM_SCREEN
+  const int64_t r = ae[0].size(0), stride = ae[0].stride(0), full = n / LANES * LANES;
+  const float *a = ae[0].data_ptr<float>(), *e = ae[1].data_ptr<float>();
+  std::vector<float> lo(static_cast<size_t>(r));
+  __mmask16 bad = 0;
+  for (int64_t i = 0; i < r; ++i) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int64_t v = 0; v < full; v += LANES) {
+      const __m512 av = _mm512_loadu_ps(a + i * stride + v), ev = _mm512_loadu_ps(e + i * stride + v);
+      bad |= _mm512_fpclass_ps_mask(av, 0x99) | _mm512_fpclass_ps_mask(ev, 0x99);  // NaN or infinite
+      m = _mm512_max_ps(m, _mm512_sub_ps(av, ev));
+    }
+    float best = _mm512_reduce_max_ps(m);
+    for (int64_t v = full; v < n; ++v) {
+      if (!std::isfinite(a[i * stride + v]) || !std::isfinite(e[i * stride + v])) bad = 1;
+      best = std::max(best, a[i * stride + v] - e[i * stride + v]);
+    }
+    lo[i] = best;
+  }
+  if (bad) return torch::empty({0}, torch::kLong);
+  std::vector<int64_t> ids;
+  for (int64_t v = 0; v < full; v += LANES) {
+    __mmask16 hit = 0;
+    for (int64_t i = 0; i < r; ++i)
+      hit |= _mm512_cmp_ps_mask(_mm512_add_ps(_mm512_loadu_ps(a + i * stride + v), _mm512_loadu_ps(e + i * stride + v)),
+                                _mm512_set1_ps(lo[i]), _CMP_GE_OQ);
+    for (; hit; hit &= hit - 1) ids.push_back(v + __builtin_ctz(hit));
+  }
+  for (int64_t v = full; v < n; ++v)
+    for (int64_t i = 0; i < r; ++i)
+      if (a[i * stride + v] + e[i * stride + v] >= lo[i]) {
+        ids.push_back(v);
+        break;
+      }
+  auto out = torch::empty({static_cast<int64_t>(ids.size())}, torch::kLong);
+  std::memcpy(out.data_ptr<int64_t>(), ids.data(), ids.size() * sizeof(int64_t));
+  return out;
+#else
+  return torch::Tensor();
+#endif
+}
+
+bool available() {
+#ifdef EYAS_LM_SCREEN
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("pack", &pack, "Q8_0 blocks [V, K / 32 * 34] -> the screen's layout (weights + 128, scales, bound factors)");
+  m.def("approx", &approx, "(approx, bound) [R, V]: q8 activations x the packed weights, and how far from bf16's each may be");
+  m.def("candidates", &candidates, "sorted vocabulary ids that can be some row's bf16 argmax (empty: not finite)");
+  m.def("available", &available, "whether the screen was built (AVX512-VNNI at compile time)");
+  m.def("max_rows", [] { return MAXR; }, "rows a call takes at most");
+}

@@ -1,0 +1,148 @@
+"""Greedy decoding's screened output projection (eyas/kernels/lm_screen.cpp, eyas.models.lm_screen).
+
+The screen must never change an argmax: its bound must hold for every entry (so the true maximum is always a
+candidate), the candidates' logits must be the full projection's bits, ties must resolve to the first index as
+the full logits' argmax does, non-finite rows must fall back, and greedy decoding of the embedded default must give
+the tokens it gave without the screen.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from eyas import kernels
+from eyas.models import lm_screen
+from eyas.models.gguf_blocks import GGUFBlocks
+from tests.conftest import random_blocks
+
+BF16 = kernels.gguf_bf16()
+SCREEN = kernels.lm_screen()
+pytestmark = pytest.mark.skipif(
+    BF16 is None or not BF16.available() or SCREEN is None or not SCREEN.available(),
+    reason="needs AVX512-BF16 and AVX512-VNNI (the bf16 block kernel and the screen)",
+)
+K = 576
+
+
+def projection(raw: np.ndarray) -> nn.Linear:
+    """An output projection whose weight is the Q8_0 blocks ``raw`` (the screen reads only the blocks)."""
+    proj = nn.Linear(K, raw.shape[0], bias=False).requires_grad_(False)
+    proj.__dict__["_eyas_blocks"] = GGUFBlocks(data=torch.from_numpy(np.ascontiguousarray(raw)), qtype=8, k=K)
+    return proj
+
+
+def rows(n: int, seed: int, outliers: float = 40.0) -> torch.Tensor:
+    """[n, K] bf16 hidden-like rows: unit noise with two large dimensions, as a final norm's output has."""
+    x = torch.randn(n, K, generator=torch.Generator().manual_seed(seed))
+    x[:, 3] *= outliers
+    x[:, 100] *= -outliers / 2
+    return x.to(torch.bfloat16)
+
+
+def full_logits(proj: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return proj.__dict__["_eyas_blocks"].linear(x, None).float()
+
+
+@pytest.mark.parametrize("vocab", [1000, 4096])  # a last group of 8 padding lanes, and whole groups of 16
+@pytest.mark.parametrize("r", [1, 3, 8, 16])
+def test_the_bound_holds_for_every_entry(vocab, r):
+    proj = projection(random_blocks("Q8_0", vocab, K, seed=vocab + r))
+    x = rows(r, seed=r)
+    packed = SCREEN.pack(proj.__dict__["_eyas_blocks"].data, K)
+    approx, bound = SCREEN.approx(x, packed, vocab)
+    assert approx.shape == bound.shape == (r, vocab)
+    err = (full_logits(proj, x) - approx).abs()
+    assert bool((err <= bound).all()), float((err / bound).max())
+    assert float(err.max()) > 0  # the approximation is not the exact projection (the bound is doing work)
+
+
+@pytest.mark.parametrize("r", [1, 2, 5, 16, 21])  # 21: two kernel calls, candidates merged
+def test_argmax_and_candidate_bits_equal_the_full_projections(r):
+    proj = projection(random_blocks("Q8_0", 3000, K, seed=r))
+    x = rows(r, seed=100 + r)
+    full = full_logits(proj, x)
+    got = lm_screen.screened_logits(proj, x[None])[0]
+    assert got.shape == full.shape
+    assert torch.equal(kernels.argmax(got), kernels.argmax(full))
+    kept = torch.isfinite(got)
+    assert torch.equal(got[kept], full[kept])  # a candidate's logit is the block kernel's, bit for bit
+    assert int(kept.sum(-1).max()) < 3000 // 4  # and most entries were screened out
+
+
+def test_ties_resolve_to_the_first_index():
+    raw = random_blocks("Q8_0", 600, K, seed=5).reshape(600, K // 32, 34)
+    x = rows(4, seed=6, outliers=1.0)
+    top = np.sign(x[0].float().numpy()).reshape(K // 32, 32).astype(np.int8) * 100  # row 0's best weights
+    for v, q in ((17, top), (412, top), (413, top.copy())):  # 17 and 412 tie exactly; 413 differs in one weight
+        raw[v, :, 0:2] = np.full((K // 32, 1), 0.05, dtype=np.float16).view(np.uint8)
+        raw[v, :, 2:] = q.view(np.uint8)
+    raw[413, 0, 2] = np.uint8(np.int8(top[0, 0] - 1 if top[0, 0] > 0 else top[0, 0] + 1).view(np.uint8))
+    proj = projection(raw.reshape(600, -1))
+    full, got = full_logits(proj, x), lm_screen.screened_logits(proj, x[None])[0]
+    assert float(full[0, 17]) == float(full[0, 412]) and int(kernels.argmax(full)[0]) == 17
+    assert torch.equal(kernels.argmax(got), kernels.argmax(full))
+    assert bool(torch.isfinite(got[0, [17, 412, 413]]).all())  # every near-maximum was computed exactly
+
+
+def test_non_finite_rows_and_unsupported_projections_fall_back():
+    proj = projection(random_blocks("Q8_0", 200, K, seed=1))
+    x = rows(3, seed=2)
+    for bad in (float("nan"), float("inf")):
+        y = x.clone()
+        y[1, 7] = bad
+        assert lm_screen.screened_logits(proj, y[None]) is None  # the caller computes every logit
+    assert lm_screen.screened_logits(proj, x.float()[None]) is None  # float32 rows: the f32 kernel's numerics
+    q4 = nn.Linear(K, 200, bias=False)
+    q4.__dict__["_eyas_blocks"] = GGUFBlocks(data=torch.from_numpy(random_blocks("Q4_1", 200, K)), qtype=3, k=K)
+    assert lm_screen.screened_logits(q4, x[None]) is None
+    biased = projection(random_blocks("Q8_0", 200, K, seed=1))
+    biased.bias = nn.Parameter(torch.zeros(200), requires_grad=False)
+    assert lm_screen.screened_logits(biased, x[None]) is None
+    assert lm_screen.screened_logits(nn.Linear(K, 200, bias=False), x[None]) is None  # no blocks
+
+
+def test_greedy_decoding_of_the_embedded_default_gives_the_unscreened_tokens(embedded_bf16, monkeypatch):
+    """Plain and speculative greedy decoding (bf16 exact mode) read screened logits, and give the tokens the full
+    logits give."""
+    from eyas.api import Speculator
+    from eyas.drafters.loading import DrafterSpec
+    from eyas.models import native
+
+    loaded, _ = embedded_bf16
+    spec = Speculator(loaded, DrafterSpec("default", tree="dynamic:4,3,10"))
+    assert spec.exact
+    prompt = "Name three rivers in Europe and say where each one ends."
+    screened: list[int] = []
+    real = native.screened_logits
+
+    def spy(proj, x):
+        out = real(proj, x)
+        screened.append(out is not None and bool(torch.isinf(out).any()))
+        return out
+
+    monkeypatch.setattr(native, "screened_logits", spy)
+    plain = spec.generate(prompt, speculate=False, max_new_tokens=48)
+    fast = spec.generate(prompt, max_new_tokens=48)
+    assert screened and all(screened), "greedy forwards did not take the screen"
+    monkeypatch.setattr(native, "screened_logits", lambda proj, x: None)  # every logit computed
+    full = spec.generate(prompt, speculate=False, max_new_tokens=48)
+    assert plain.token_ids == full.token_ids == fast.token_ids
+    assert fast.steps < len(fast.token_ids) - 1  # drafts were accepted: trees went through the screen
+
+
+def test_sampling_reads_full_logits(embedded_bf16, monkeypatch):
+    from eyas.api import Speculator
+    from eyas.drafters.loading import DrafterSpec
+    from eyas.models import native
+
+    loaded, _ = embedded_bf16
+    spec = Speculator(loaded, DrafterSpec("none"))
+    calls: list[int] = []
+    monkeypatch.setattr(native, "screened_logits", lambda proj, x: calls.append(1))
+    spec.generate("Hello", speculate=False, max_new_tokens=4, temperature=0.7, seed=1)
+    assert not calls
+    spec.generate("Hello", speculate=False, max_new_tokens=4)
+    assert calls
