@@ -11,17 +11,28 @@ maximum and ties included; nothing else may be read from such logits.
 Where it serves (``screened_logits``): exact mode's bf16 decode, verification and last-prompt-token forwards of a
 target whose output projection is Q8_0 blocks, when the caller asked for the argmax only (``ForwardMeta.
 argmax_only``: greedy, no typical acceptance). On the Intel Xeon VM the projection costs 0.7 against 1.6 ms at
-one row and 1.0 against 2.8 ms at four (docs/benchmarks.md). ``EYAS_LM_SCREEN=0`` turns it off.
+one row and 1.0 against 2.8 ms at four (docs/benchmarks.md). Whether it pays is timed once per machine and output
+projection at the first greedy forward (~0.5 s, then read from ``$EYAS_CACHE/lm_screen/``): it serves where it takes
+at most ``PAYS`` of the full projection's time. ``EYAS_LM_SCREEN=0`` turns it off, ``=1`` on without the timing.
 """
 
 from __future__ import annotations
+
+import os
+import time
 
 import torch
 from torch import nn
 
 from eyas import kernels
+from eyas.models.machine_cache import cached_json, machine_key
+from eyas.notes import one_time_note
 
 Q8_0 = 8
+# the screen serves where it costs at most this share of the full projection (timing noise aside, any saving is one:
+# the argmax is the same either way)
+PAYS = 0.95
+TIMED_ROWS = (1, 3)  # a plain step's row, and a typical verify tree's
 _kernel = kernels.Lazy(kernels.lm_screen, usable=lambda k: k.available())
 
 
@@ -69,4 +80,28 @@ def _build(proj: nn.Module) -> ArgmaxScreen | None:
     blocks = proj.__dict__.get("_eyas_blocks")
     if blocks is None or blocks.qtype != Q8_0 or getattr(proj, "bias", None) is not None or _kernel() is None:
         return None
-    return ArgmaxScreen(blocks)
+    screen = ArgmaxScreen(blocks)
+    return screen if os.environ.get("EYAS_LM_SCREEN", "auto") == "1" or screen_pays(screen) else None
+
+
+def screen_pays(screen: ArgmaxScreen) -> bool:
+    """Whether the screen is faster than the full projection on this machine: both timed on random rows (more
+    candidates than a real model's rows give) at ``TIMED_ROWS``, alternating, best of 5; cached per machine and shape.
+    """
+    def measure() -> dict:
+        one_time_note("timing the screened output projection against the full one on this CPU", "~0.5 s")
+        g = torch.Generator().manual_seed(0)
+        xs = [(3 * torch.randn(r, screen.blocks.k, generator=g)).to(torch.bfloat16) for r in TIMED_ROWS]
+        fns = {"full": lambda x: screen.blocks.linear(x, None), "screened": screen.logits}
+        best = dict.fromkeys(fns, float("inf"))
+        for _ in range(5):
+            for name, fn in fns.items():
+                t = time.perf_counter()
+                for x in xs:
+                    fn(x)
+                best[name] = min(best[name], time.perf_counter() - t)
+        return {"full_ms": round(1e3 * best["full"], 4), "screened_ms": round(1e3 * best["screened"], 4),
+                "screen": best["screened"] <= PAYS * best["full"]}
+
+    key = machine_key(shape=list(screen.blocks.data.shape), rows=list(TIMED_ROWS), pays=PAYS)
+    return bool(cached_json("lm_screen", key, measure)["screen"])

@@ -8,6 +8,8 @@ the tokens it gave without the screen.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -25,6 +27,13 @@ pytestmark = pytest.mark.skipif(
     reason="needs AVX512-BF16 and AVX512-VNNI (the bf16 block kernel and the screen)",
 )
 K = 576
+
+
+@pytest.fixture(autouse=True)
+def screen_on(monkeypatch):
+    """The screen without its per-machine timing (small random projections may not pay; tests/models checks that
+    ``screen_pays`` decides)."""
+    monkeypatch.setenv("EYAS_LM_SCREEN", "1")
 
 
 def projection(raw: np.ndarray) -> nn.Linear:
@@ -114,6 +123,7 @@ def test_greedy_decoding_of_the_embedded_default_gives_the_unscreened_tokens(emb
     loaded, _ = embedded_bf16
     spec = Speculator(loaded, DrafterSpec("default", tree="dynamic:4,3,10"))
     assert spec.exact
+    monkeypatch.delitem(loaded.model.lm_head_proj.__dict__, "_eyas_screen", raising=False)  # built here, env on
     prompt = "Name three rivers in Europe and say where each one ends."
     screened: list[int] = []
     real = native.screened_logits
@@ -146,3 +156,21 @@ def test_sampling_reads_full_logits(embedded_bf16, monkeypatch):
     assert not calls
     spec.generate("Hello", speculate=False, max_new_tokens=4)
     assert calls
+
+
+def test_the_screen_serves_only_where_it_was_timed_faster(monkeypatch, tmp_path):
+    from eyas.models import loading
+
+    monkeypatch.setenv("EYAS_LM_SCREEN", "auto")
+    monkeypatch.setenv("EYAS_CACHE", str(tmp_path))
+    monkeypatch.setattr(loading, "cache_root", lambda: tmp_path)
+    for pays in (True, False):
+        monkeypatch.setattr(lm_screen, "screen_pays", lambda screen, pays=pays: pays)
+        proj = projection(random_blocks("Q8_0", 256, K, seed=3))
+        assert (lm_screen.screened_logits(proj, rows(1, seed=4)[None]) is not None) == pays
+    monkeypatch.undo()
+    monkeypatch.setattr(loading, "cache_root", lambda: tmp_path)
+    screen = lm_screen.ArgmaxScreen(projection(random_blocks("Q8_0", 256, K, seed=3)).__dict__["_eyas_blocks"])
+    first = lm_screen.screen_pays(screen)  # timed, then cached per machine and shape
+    (record,) = (tmp_path / "lm_screen").glob("*.json")
+    assert json.loads(record.read_text())["screen"] == first and lm_screen.screen_pays(screen) == first
