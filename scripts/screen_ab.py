@@ -7,6 +7,11 @@ that all four outputs are the same tokens. Tuning questions only, never evaluati
 
 python scripts/tune_questions.py --out /tmp/tune.jsonl
 python scripts/screen_ab.py --questions /tmp/tune.jsonl --limit 12
+python scripts/screen_ab.py --questions /tmp/tune.jsonl --limit 6 --projection   # the projection alone, by rows
+
+``--projection`` takes the target's final hidden rows along the questions' greedy answers and times the output
+projection alone, full against screened (best of 3 passes of 50), at 1-8 rows; it also counts the candidates the
+screen computes exactly and checks every argmax against the full logits'.
 """
 
 from __future__ import annotations
@@ -27,7 +32,10 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=12)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--projection", action="store_true", help="time the output projection alone, by rows")
     a = ap.parse_args()
+    if a.projection:
+        return projection(a)
 
     import eyas
     from eyas.models import native
@@ -55,6 +63,54 @@ def main() -> None:
     for m in ("plain", "spec"):
         print(f"{m}: screened / full {arms['screened', m].tok_s / arms['full', m].tok_s:.3f}x")
     print(f"{len(prompts)} questions, all four outputs identical on each")
+
+
+def projection(a) -> None:
+    import time
+
+    import torch
+
+    import eyas
+    from eyas import kernels
+    from eyas.models.exact import DecodeFloors, linear
+    from eyas.models.lm_screen import screened_logits
+
+    spec = eyas.load(dtype=a.dtype, drafter="none")
+    m = spec.target.model
+    hidden = []
+    for line in Path(a.questions).read_text().splitlines()[: a.limit]:
+        prompt = json.loads(line)["turns"][0]
+        out = spec.generate(prompt, max_new_tokens=a.max_new_tokens, speculate=False)
+        ids = torch.cat([spec.encode(prompt), torch.tensor(out.token_ids)])[None]
+        with torch.inference_mode():
+            hidden.append(m.forward(ids, torch.arange(ids.shape[1])[None], m.new_cache(1, ids.shape[1]), 0).hidden[0])
+    x = torch.cat(hidden).to(m.dtype)  # [N, H] final-norm rows of prompts and answers
+    floors = DecodeFloors(m.row_floors)
+
+    def best(fn) -> float:
+        times = []
+        for _ in range(3):
+            t = time.perf_counter()
+            for _ in range(50):
+                fn()
+            times.append((time.perf_counter() - t) / 50)
+        return 1e3 * min(times)
+
+    with torch.inference_mode():
+        kept, wrong = [], 0
+        for i in range(0, x.shape[0] - 4, 5):
+            rows = x[i : i + 5][None]
+            got = screened_logits(m.lm_head_proj, rows)[0]
+            full = linear(m.lm_head_proj, rows, floors)[0].float()
+            wrong += int((kernels.argmax(got) != kernels.argmax(full)).sum())
+            kept.append(int(torch.isfinite(got[0]).sum()))
+        print(f"{x.shape[0]} rows; candidates computed exactly per 5-row call: mean {sum(kept) / len(kept):.1f}, "
+              f"max {max(kept)}; argmax differing from the full logits': {wrong}")
+        for r in (1, 2, 3, 4, 6, 8):
+            rows = x[100 : 100 + r][None]
+            full_ms = best(lambda rows=rows: linear(m.lm_head_proj, rows, floors).float())
+            screened_ms = best(lambda rows=rows: screened_logits(m.lm_head_proj, rows))
+            print(f"{r} rows: full {full_ms:.3f} ms, screened {screened_ms:.3f} ms ({screened_ms / full_ms:.2f}x)")
 
 
 if __name__ == "__main__":
