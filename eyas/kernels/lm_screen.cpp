@@ -17,7 +17,8 @@
 // + |w~_b - d q_b|_1 computed once per weight block (pack).
 // A row's candidates are every v with a~ + E >= max_u (a~_u - E_u): its true maximum is among them (a~_c + E_c >=
 // a_c = max >= a_u >= a~_u - E_u for every u), and so is every entry that ties with it.
-// On SmolLM2's output projection (49,152 x 576) a row keeps 3 candidates at the median and ~11 at the 90th percentile.
+// On SmolLM2's output projection (49,152 x 576), rows of real answers: 37 candidates for a 5-row call on average, at
+// most 129 (scripts/screen_ab.py --projection).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>

@@ -10,8 +10,8 @@ maximum and ties included; nothing else may be read from such logits.
 
 Where it serves (``screened_logits``): exact mode's bf16 decode, verification and last-prompt-token forwards of a
 target whose output projection is Q8_0 blocks, when the caller asked for the argmax only (``ForwardMeta.
-argmax_only``: greedy, no typical acceptance). On the Intel Xeon VM the projection costs 0.7 against 1.6 ms at
-one row and 1.0 against 2.8 ms at four (docs/benchmarks.md). Whether it pays is timed once per machine and output
+argmax_only``: greedy, no typical acceptance). On the Intel Xeon VM the projection costs 0.8 against 1.65 ms at
+one row and 1.1 against 2.8 ms at four (docs/benchmarks.md). Whether it pays is timed once per machine and output
 projection at the first greedy forward (~0.5 s, then read from ``$EYAS_CACHE/lm_screen/``): it serves where it takes
 at most ``PAYS`` of the full projection's time. ``EYAS_LM_SCREEN=0`` turns it off, ``=1`` on without the timing.
 """
