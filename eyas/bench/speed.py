@@ -284,6 +284,16 @@ def print_report(report: SpeedReport) -> None:
         print(f"note: {summary['llamacpp_weights_caveat']}")
 
 
+def output_projection(model) -> str | None:
+    """How greedy decoding computed the target's logits (eyas.models.lm_screen): "screened" (only the possible
+    argmaxes exactly), "full", or None where no greedy forward asked.
+    """
+    proj = getattr(model, "lm_head_proj", None)
+    if proj is None or "_eyas_screen" not in proj.__dict__:
+        return None
+    return "full" if proj.__dict__["_eyas_screen"] is None else "screened"
+
+
 def cmd_speed(a) -> int:
     from eyas.cli import _load, gen_params
 
@@ -298,6 +308,8 @@ def cmd_speed(a) -> int:
                     tree_choice=spec.tree_choice.to_dict() if spec.tree_choice is not None else None,
                     head_projections=head_projections(spec.drafter))
     report = run_speed(spec, questions, params, a.compare_hf, a.warmup, settings, a.compare_llamacpp)
+    # decided at the first greedy forward (timed once per machine): "screened", "full", or None where never asked
+    settings["output_projection"] = output_projection(spec.target.model)
     print_report(report)
     if a.json_out:
         Path(a.json_out).write_text(json.dumps(report.to_dict(), indent=2))

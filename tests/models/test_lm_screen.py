@@ -174,3 +174,20 @@ def test_the_screen_serves_only_where_it_was_timed_faster(monkeypatch, tmp_path)
     first = lm_screen.screen_pays(screen)  # timed, then cached per machine and shape
     (record,) = (tmp_path / "lm_screen").glob("*.json")
     assert json.loads(record.read_text())["screen"] == first and lm_screen.screen_pays(screen) == first
+
+
+def test_bench_records_how_the_logits_were_computed():
+    from types import SimpleNamespace
+
+    from eyas.bench.speed import output_projection
+
+    proj = projection(random_blocks("Q8_0", 256, K, seed=7))
+    model = SimpleNamespace(lm_head_proj=proj)
+    assert output_projection(model) is None  # no greedy forward asked yet
+    lm_screen.screened_logits(proj, rows(1, seed=8)[None])
+    assert output_projection(model) == "screened"
+    q4 = nn.Linear(K, 200, bias=False)
+    q4.__dict__["_eyas_blocks"] = GGUFBlocks(data=torch.from_numpy(random_blocks("Q4_1", 200, K)), qtype=3, k=K)
+    lm_screen.screened_logits(q4, rows(1, seed=8)[None])
+    assert output_projection(SimpleNamespace(lm_head_proj=q4)) == "full"
+    assert output_projection(SimpleNamespace()) is None  # a backend without the native output projection
