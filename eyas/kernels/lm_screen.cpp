@@ -13,12 +13,12 @@
 //   |sum x (w~ - d q)|        <= sum_b |w~_b - d q_b|_1 * m_b     (the weights' bf16 rounding, summed at pack time)
 //   both kernels' float32 sums (<= 600 terms each) <= 2^-13 sum_b |d q_b|_1 * m_b  (generous: ~2^-14.2 needed)
 //   the final bf16 rounding   <= 2^-8 (|a~| + the above)
-// so E = (1 + 2^-10) E' + 2^-8 (|a~| + 1.01 E') with E' = sum_b m_b * F[v, b], F = |d q_b|_1 (0.5001 / 127 + 2^-13)
-// + |w~_b - d q_b|_1 computed once per weight block (pack).
+// so E = (1 + 2^-10) E' + 2^-8 (|a~| + 1.01 E') + 1e-30 with E' = sum_b m_b * F[v, b],
+// F = |d q_b|_1 (0.5001 / 127 + 2^-13) + |w~_b - d q_b|_1 computed once per weight block (pack).
 // A row's candidates are every v with a~ + E >= max_u (a~_u - E_u): its true maximum is among them (a~_c + E_c >=
 // a_c = max >= a_u >= a~_u - E_u for every u), and so is every entry that ties with it.
 // On SmolLM2's output projection (49,152 x 576), rows of real answers: 37 candidates for a 5-row call on average, at
-// most 129 (scripts/screen_ab.py --projection).
+// most 130 (scripts/screen_ab.py --projection).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
@@ -43,6 +43,9 @@ constexpr int RB = 8;                // rows per pass over a group: 2 x 8 accumu
 // per |d q| of a block, times the row block's max |x|: activation rounding (sx / 2, sx = max / 127; 0.5001 for the
 // float32 scale's own rounding) and the float32 sums of both kernels (2^-13)
 constexpr double ACT_ROUND = 0.5001 / 127.0 + 0.0001220703125;
+// added to every bound: what relative terms cannot cover where values leave float32's normal range (a row of
+// magnitudes near 1e-37, subnormal products flushed by the bf16 kernel's VDPBF16PS)
+constexpr float ABS_SLACK = 1e-30f;
 
 // Packed layout (pack()): output v = 16 g + l is lane l of group g. Per group and block b:
 //   w   [g][b][c][l][4]: bytes 4c .. 4c + 3 of v's block, as q + 128 (uint8), c = 0 .. 7 (64 bytes a c)
@@ -108,11 +111,13 @@ Rows quantise(const at::BFloat16* x, int64_t r, int64_t k) {
         finite = finite && std::isfinite(v[j]);
       }
       if (!finite) amax = NAN;  // NaN scales: every approximation of the row is NaN, and candidates() declines
-      const float inv = amax > 0 ? 127.0f / amax : 0.0f, sx = amax / 127.0f;
+      // in double: 127 / amax overflows float32 for amax below ~3.7e-37 (the bound's absolute slack covers such rows)
+      const double inv = amax > 0 ? 127.0 / amax : 0.0;
+      const float sx = amax / 127.0f;
       int32_t sum = 0;
       for (int j = 0; j < QK; ++j) {
-        const float t = std::min(127.0f, std::max(-127.0f, std::nearbyint(v[j] * inv)));  // NaN: caught later
-        const int8_t c = static_cast<int8_t>(t == t ? t : 0.0f);
+        const double t = std::min(127.0, std::max(-127.0, std::nearbyint(v[j] * inv)));  // NaN: caught later
+        const int8_t c = static_cast<int8_t>(t == t ? t : 0.0);
         q.xq[i * k + b * QK + j] = c;
         sum += c;
       }
@@ -186,18 +191,19 @@ std::vector<torch::Tensor> approx(torch::Tensor x, std::vector<torch::Tensor> pa
   at::parallel_for(0, groups, 16, [&](int64_t g0, int64_t g1) {
     __m512 acc[RB], bnd[RB];
     const __m512 grow = _mm512_set1_ps(1.0f + 0.0009765625f), out = _mm512_set1_ps(0.00390625f);
-    const __m512 slack = _mm512_set1_ps(1.01f);
+    const __m512 slack = _mm512_set1_ps(1.01f), tiny = _mm512_set1_ps(ABS_SLACK);
     for (int64_t g = g0; g < g1; ++g) {
       const uint8_t* w = wd + g * nblk * 8 * 64;
       const float *d = dd + g * nblk * LANES, *l = ld + g * nblk * LANES;
-      if (g + 2 < g1)
-        for (int64_t o = 0; o < nblk * 8 * 64; o += 64) _mm_prefetch(reinterpret_cast<const char*>(w + 2 * nblk * 8 * 64 + o), _MM_HINT_T0);
+      if (g + 2 < g1)  // the group after next, while this one multiplies
+        for (int64_t o = 0; o < nblk * 8 * 64; o += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(w + 2 * nblk * 8 * 64 + o), _MM_HINT_T0);
       for (int64_t i0 = 0; i0 < r; i0 += RB) {
         const int rows = static_cast<int>(std::min<int64_t>(RB, r - i0));
         rows_pass(rows, q, i0, w, d, l, acc, bnd);
         for (int i = 0; i < rows; ++i) {
-          const __m512 bound = _mm512_fmadd_ps(
-              grow, bnd[i], _mm512_mul_ps(out, _mm512_fmadd_ps(slack, bnd[i], _mm512_abs_ps(acc[i]))));
+          const __m512 bound = _mm512_add_ps(_mm512_fmadd_ps(
+              grow, bnd[i], _mm512_mul_ps(out, _mm512_fmadd_ps(slack, bnd[i], _mm512_abs_ps(acc[i])))), tiny);
           _mm512_storeu_ps(ad + (i0 + i) * stride + g * LANES, acc[i]);
           _mm512_storeu_ps(ed + (i0 + i) * stride + g * LANES, bound);
         }
@@ -268,7 +274,7 @@ bool available() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "Q8_0 blocks [V, K / 32 * 34] -> the screen's layout (weights + 128, scales, bound factors)");
-  m.def("approx", &approx, "(approx, bound) [R, V]: q8 activations x the packed weights, and how far from bf16's each may be");
+  m.def("approx", &approx, "(approx, bound) [R, V]: q8 activations x the packed weights, and the distance bound");
   m.def("candidates", &candidates, "sorted vocabulary ids that can be some row's bf16 argmax (empty: not finite)");
   m.def("available", &available, "whether the screen was built (AVX512-VNNI at compile time)");
   m.def("max_rows", [] { return MAXR; }, "rows a call takes at most");

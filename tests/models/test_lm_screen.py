@@ -96,6 +96,18 @@ def test_ties_resolve_to_the_first_index():
     assert bool(torch.isfinite(got[0, [17, 412, 413]]).all())  # every near-maximum was computed exactly
 
 
+@pytest.mark.parametrize("scale", [1e-36, 1e-38, 0.0])  # 127 / max |x| overflows float32; subnormal products; zeros
+def test_rows_near_zero_keep_the_bound_and_the_argmax(scale):
+    proj = projection(random_blocks("Q8_0", 500, K, seed=9))
+    x = (rows(3, seed=10, outliers=1.0).float() * scale).to(torch.bfloat16)
+    x[2] = rows(1, seed=11)[0]  # an ordinary row beside them
+    packed = SCREEN.pack(proj.__dict__["_eyas_blocks"].data, K)
+    approx, bound = SCREEN.approx(x, packed, 500)
+    full = full_logits(proj, x)
+    assert bool(((full - approx).abs() <= bound).all())
+    assert torch.equal(kernels.argmax(lm_screen.screened_logits(proj, x[None])[0]), kernels.argmax(full))
+
+
 def test_non_finite_rows_and_unsupported_projections_fall_back():
     proj = projection(random_blocks("Q8_0", 200, K, seed=1))
     x = rows(3, seed=2)
