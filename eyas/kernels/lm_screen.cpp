@@ -21,13 +21,15 @@
 // most 130 (scripts/screen_ab.py --projection).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#include <c10/util/Half.h>
+#include <c10/util/BFloat16.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include "gguf_quants.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__F16C__)
 #include <immintrin.h>
@@ -36,7 +38,9 @@
 
 namespace {
 
-constexpr int64_t QK = 32, BB = 34;  // Q8_0: 32 weights, an fp16 scale then 32 int8 values
+using namespace eyas_gguf;
+
+constexpr int64_t BB = block_bytes(Q8_0);  // an fp16 scale, then QK int8 values
 constexpr int64_t LANES = 16;        // outputs a group: one per float32 lane
 constexpr int MAXR = 16;             // rows per call (a verify tree's nodes)
 constexpr int RB = 8;                // rows per pass over a group: 2 x 8 accumulators + 8 weight registers
@@ -54,7 +58,8 @@ constexpr float ABS_SLACK = 1e-30f;
 // so one VPDPBUSD takes 4 bytes of 16 outputs against 4 activations broadcast: no horizontal sums anywhere.
 std::vector<torch::Tensor> pack(torch::Tensor blocks, int64_t k) {
   TORCH_CHECK(k % QK == 0 && blocks.dim() == 2 && blocks.scalar_type() == at::kByte && blocks.is_contiguous() &&
-                  blocks.size(1) == k / QK * BB, "lm_screen.pack: blocks [V, K / 32 * 34] contiguous uint8 (Q8_0)");
+                  blocks.size(1) == k / QK * BB,
+              "lm_screen.pack: blocks [V, K / 32 * ", BB, "] contiguous uint8 (Q8_0)");
   const int64_t n = blocks.size(0), nblk = k / QK, groups = (n + LANES - 1) / LANES;
   auto w = torch::full({groups, nblk, 8, LANES * 4}, 128, torch::kByte);
   auto d = torch::zeros({groups, nblk, LANES}, torch::kFloat), l1d = torch::zeros_like(d);
@@ -66,18 +71,16 @@ std::vector<torch::Tensor> pack(torch::Tensor blocks, int64_t k) {
       const int64_t g = v / LANES, l = v % LANES;
       for (int64_t b = 0; b < nblk; ++b) {
         const uint8_t* blk = src + (v * nblk + b) * BB;
-        uint16_t h;
-        std::memcpy(&h, blk, 2);
-        const float scale = static_cast<float>(c10::Half(h, c10::Half::from_bits()));
+        float w[QK];  // gguf-py's float32 weights d * q (exact: 8 x 11 bits)
+        dequant_block_f32(blk, Q8_0, w);
         double l1 = 0.0, delta = 0.0;  // sum |d q|, and sum |bf16(d q) - d q| (the loader's rounding, exactly)
         for (int64_t j = 0; j < QK; ++j) {
+          l1 += std::fabs(static_cast<double>(w[j]));
+          delta += std::fabs(static_cast<double>(static_cast<float>(c10::BFloat16(w[j]))) - w[j]);
           const int8_t q = static_cast<int8_t>(blk[2 + j]);
-          const float w = scale * static_cast<float>(q);  // gguf-py's float32 weight (exact: 8 x 11 bits)
-          l1 += std::fabs(static_cast<double>(w));
-          delta += std::fabs(static_cast<double>(static_cast<float>(c10::BFloat16(w))) - w);
           wd[(((g * nblk + b) * 8 + j / 4) * LANES + l) * 4 + j % 4] = static_cast<uint8_t>(q + 128);
         }
-        dd[(g * nblk + b) * LANES + l] = scale;
+        dd[(g * nblk + b) * LANES + l] = half_to_float(blk);
         // the bound's factor for this block, times the row block's max |x| (sx = max |x| / 127)
         ld[(g * nblk + b) * LANES + l] = static_cast<float>((l1 * ACT_ROUND + delta) * (1.0 + 1e-6));
       }
