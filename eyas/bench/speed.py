@@ -285,13 +285,12 @@ def print_report(report: SpeedReport) -> None:
 
 
 def output_projection(model) -> str | None:
-    """How greedy decoding computed the target's logits (eyas.models.lm_screen): "screened" (only the possible
-    argmaxes exactly), "full", or None where no greedy forward asked.
+    """How greedy decoding computed the target's logits (eyas.models.lm_screen.screen_state): "screened" (only the
+    possible argmaxes exactly), "full", or None where no greedy forward asked or the backend has no such projection.
     """
-    proj = getattr(model, "lm_head_proj", None)
-    if proj is None or "_eyas_screen" not in proj.__dict__:
-        return None
-    return "full" if proj.__dict__["_eyas_screen"] is None else "screened"
+    from eyas.models.lm_screen import screen_state
+
+    return screen_state(getattr(model, "lm_head_proj", None))
 
 
 def cmd_speed(a) -> int:

@@ -150,9 +150,9 @@ def head_i8():
 
 
 def lm_screen():
-    """The compiled argmax screen for a bf16 Q8_0 output projection (``candidates(x, blocks)``, ``approx(x, blocks)``,
-    ``available()``: False where the build lacks AVX512-VNNI), or None where it is off (``EYAS_LM_SCREEN=0``), the CPU
-    has no AVX512-VNNI (then it is not built) or it cannot be built.
+    """The compiled argmax screen for a bf16 Q8_0 output projection (``pack(blocks, k)``, then ``candidates(x, packed,
+    vocab)`` and ``approx(x, packed, vocab)``; ``available()``: False where the build lacks AVX512-VNNI), or None where
+    it is off (``EYAS_LM_SCREEN=0``), the CPU has no AVX512-VNNI (then it is not built) or it cannot be built.
     """
     from eyas.models.cpu import cpu_flags
 

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from eyas import kernels
+from eyas.models.gguf_blocks import GGUFBlocks
 from eyas.models.machine_cache import cached_json, machine_key
 from eyas.notes import one_time_note
 
@@ -39,9 +40,9 @@ _kernel = kernels.Lazy(kernels.lm_screen, usable=lambda k: k.available())
 class ArgmaxScreen:
     """One output projection's blocks in the screen's layout (~35 MB for SmolLM2's [49152, 576])."""
 
-    def __init__(self, blocks) -> None:
+    def __init__(self, blocks: GGUFBlocks) -> None:
         kernel = _kernel()
-        self.blocks = blocks  # eyas.models.gguf_blocks.GGUFBlocks
+        self.blocks = blocks
         self.vocab = blocks.data.shape[0]
         self.packed = kernel.pack(blocks.data, blocks.k)
         self.max_rows = kernel.max_rows()
@@ -50,8 +51,6 @@ class ArgmaxScreen:
         """x [R, K] bf16 -> [R, V] float32: the exact bf16 logit at every row's candidates, ``-inf`` elsewhere;
         None where an approximation is not finite (the caller computes every logit).
         """
-        from eyas.models.gguf_blocks import GGUFBlocks
-
         parts = [_kernel().candidates(part, self.packed, self.vocab) for part in x.split(self.max_rows)]
         if any(p.numel() == 0 for p in parts):
             return None
@@ -74,6 +73,15 @@ def screened_logits(proj: nn.Module, rows: torch.Tensor) -> torch.Tensor | None:
     b, t, k = rows.shape
     out = screen.logits(rows.reshape(b * t, k))
     return None if out is None else out.view(b, t, -1)
+
+
+def screen_state(proj: nn.Module | None) -> str | None:
+    """How greedy forwards computed ``proj``'s logits: "screened", "full" (the screen does not serve it), or None
+    where no greedy forward has asked yet (the choice is made then).
+    """
+    if proj is None or "_eyas_screen" not in proj.__dict__:
+        return None
+    return "full" if proj.__dict__["_eyas_screen"] is None else "screened"
 
 
 def _build(proj: nn.Module) -> ArgmaxScreen | None:
