@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import functools
 import os
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from eyas import kernels
-from eyas.models.machine_cache import cached_json, machine_key
+from eyas.models.machine_cache import best_alternating, cached_json, machine_key
 from eyas.notes import one_time_note
 
 _kernel = kernels.Lazy(kernels.head_i8, usable=lambda k: k.available())
@@ -118,23 +118,20 @@ def time_head_kernels(q8, shapes=HEAD_SHAPES, rows=HEAD_ROWS, rounds: int = 5,
         blocks[..., :2] = torch.tensor([0.0004], dtype=torch.float16).view(torch.uint8)  # each block's scale
         q8_blocks.append(blocks.reshape(n, -1))
     xs = [[torch.randn(r, k, generator=g).bfloat16() for _, k in shapes] for r in rows]
-    sides = {
+    kernel_calls = {
         "q8": lambda x, j: q8.linear(x, q8_blocks[j], 8, _EMPTY),  # 8: GGML's Q8_0
         "i8": lambda x, j: i8_rows[j].linear(x, None),
     }
-    best = dict.fromkeys(sides, float("inf"))
+
+    def one_pass(run) -> Callable[[], None]:
+        def go() -> None:
+            for x_r in xs:
+                for j, x in enumerate(x_r):
+                    run(x, j)
+        return go
+
     with torch.inference_mode():
-        for _ in range(rounds):
-            for name, run in sides.items():
-                for x_r in xs:  # warm
-                    for j, x in enumerate(x_r):
-                        run(x, j)
-                t = time.perf_counter()
-                for _ in range(repeats):
-                    for x_r in xs:
-                        for j, x in enumerate(x_r):
-                            run(x, j)
-                best[name] = min(best[name], (time.perf_counter() - t) / repeats)
+        best = best_alternating({name: one_pass(run) for name, run in kernel_calls.items()}, rounds, repeats)
     return best["q8"], best["i8"]
 
 

@@ -19,14 +19,13 @@ at most ``PAYS`` of the full projection's time. ``EYAS_LM_SCREEN=0`` turns it of
 from __future__ import annotations
 
 import os
-import time
 
 import torch
 from torch import nn
 
 from eyas import kernels
 from eyas.models.gguf_blocks import GGUFBlocks
-from eyas.models.machine_cache import cached_json, machine_key
+from eyas.models.machine_cache import best_alternating, cached_json, machine_key
 from eyas.notes import one_time_note
 
 Q8_0 = 8
@@ -94,20 +93,16 @@ def _build(proj: nn.Module) -> ArgmaxScreen | None:
 
 def screen_pays(screen: ArgmaxScreen) -> bool:
     """Whether the screen is faster than the full projection on this machine: both timed on random rows (more
-    candidates than a real model's rows give) at ``TIMED_ROWS``, alternating, best of 5; cached per machine and shape.
+    candidates than a real model's rows give) at ``TIMED_ROWS``, alternating, best of 5 after a warm call each;
+    cached per machine and shape.
     """
     def measure() -> dict:
         one_time_note("timing the screened output projection against the full one on this CPU", "~0.5 s")
         g = torch.Generator().manual_seed(0)
         xs = [(3 * torch.randn(r, screen.blocks.k, generator=g)).to(torch.bfloat16) for r in TIMED_ROWS]
-        fns = {"full": lambda x: screen.blocks.linear(x, None), "screened": screen.logits}
-        best = dict.fromkeys(fns, float("inf"))
-        for _ in range(5):
-            for name, fn in fns.items():
-                t = time.perf_counter()
-                for x in xs:
-                    fn(x)
-                best[name] = min(best[name], time.perf_counter() - t)
+        sides = {"full": lambda: [screen.blocks.linear(x, None) for x in xs],
+                 "screened": lambda: [screen.logits(x) for x in xs]}
+        best = best_alternating(sides, rounds=5, repeats=1)
         return {"full_ms": round(1e3 * best["full"], 4), "screened_ms": round(1e3 * best["screened"], 4),
                 "screen": best["screened"] <= PAYS * best["full"]}
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,3 +40,18 @@ def cached_json(kind: str, key: dict, measure: Callable[[], dict], cache_dir: Pa
     tmp.write_text(json.dumps(record, indent=1))
     tmp.replace(path)
     return record
+
+
+def best_alternating(sides: dict[str, Callable[[], None]], rounds: int, repeats: int) -> dict[str, float]:
+    """Seconds a call of each side takes: the best over ``rounds`` passes that alternate the sides (a slow spell of the
+    machine touches all of them), each pass one warm call, then the mean of ``repeats`` timed calls.
+    """
+    best = dict.fromkeys(sides, float("inf"))
+    for _ in range(rounds):
+        for name, run in sides.items():
+            run()
+            t = time.perf_counter()
+            for _ in range(repeats):
+                run()
+            best[name] = min(best[name], (time.perf_counter() - t) / repeats)
+    return best
