@@ -30,6 +30,13 @@ def add_train_parser(sub) -> None:
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    _add_recipe_args(p, d)
+    _add_run_args(p, d)
+    p.set_defaults(func=cmd_train)
+
+
+def _add_recipe_args(p: argparse.ArgumentParser, d: TrainConfig) -> None:
+    """The recipe: unroll, alignment, labels, replay weight, vocabularies, a head to start from and grow."""
     p.add_argument("--ttt-steps", type=int, default=d.ttt_steps, help="eagle3: training-time-test unroll")
     p.add_argument("--align-topk", type=int, default=d.align_topk,
                    help="eagle3: GRIFFIN-style token alignment: a TTT step counts only where every earlier step "
@@ -43,13 +50,6 @@ def add_train_parser(sub) -> None:
     p.add_argument("--draft-vocab", type=int, default=d.draft_vocab,
                    help="eagle3: draft vocabulary size (most frequent target tokens); 0 = full")
     p.add_argument("--medusa-heads", type=int, default=d.medusa_heads)
-    p.add_argument("--save-every", type=int, default=d.save_every, help="checkpoint every N steps")
-    p.add_argument("--eval-every", type=int, default=d.eval_every, help="held-aside acceptance every N steps")
-    p.add_argument("--holdout", type=int, default=d.holdout, help="held-aside conversations for the eval")
-    p.add_argument("--eval-tokens", type=int, default=d.eval_tokens)
-    p.add_argument("--eval-tree", default=d.eval_tree)
-    p.add_argument("--feature-cache", default=None,
-                   help="directory of offline target features (`eyas train-cache`); default: target in the loop")
     p.add_argument("--init-head", default=None,
                    help="eagle3: start from this exported head (its weights and draft vocabulary; --draft-vocab "
                         "is then ignored), e.g. to continue the shipped head on more data")
@@ -60,6 +60,17 @@ def add_train_parser(sub) -> None:
                    help="eagle3 with --init-head: grow the head's draft vocabulary to IDS target ids first (its ids "
                         "kept with their rows, the most frequent other assistant tokens of --data added, their rows "
                         "the target's mapped by a least-squares fit of the kept rows)")
+
+
+def _add_run_args(p: argparse.ArgumentParser, d: TrainConfig) -> None:
+    """Checkpoints, evaluation, offline features, time budgets, seed, profiling, threads."""
+    p.add_argument("--save-every", type=int, default=d.save_every, help="checkpoint every N steps")
+    p.add_argument("--eval-every", type=int, default=d.eval_every, help="held-aside acceptance every N steps")
+    p.add_argument("--holdout", type=int, default=d.holdout, help="held-aside conversations for the eval")
+    p.add_argument("--eval-tokens", type=int, default=d.eval_tokens)
+    p.add_argument("--eval-tree", default=d.eval_tree)
+    p.add_argument("--feature-cache", default=None,
+                   help="directory of offline target features (`eyas train-cache`); default: target in the loop")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="end this run after about SECONDS of training: the learning-rate schedule (sized by "
                         "--epochs/--max-steps) advances by the larger of steps and elapsed time, reaching 0 on time")
@@ -73,7 +84,6 @@ def add_train_parser(sub) -> None:
                         "device time on a GPU (CPU time elsewhere); the steps train as usual")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: one per core; 1 on a CPU shared with other jobs)")
-    p.set_defaults(func=cmd_train)
 
 
 def cmd_train(a: argparse.Namespace) -> int:

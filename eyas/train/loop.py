@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from eyas.train.checkpoint import resume, save_checkpoint
 from eyas.train.dataset import Example, collate, load_examples, read_conversations, split_holdout, token_batches
 from eyas.train.features import TargetFeaturizer
 from eyas.train.profiling import StepProfiler
@@ -137,51 +137,6 @@ def _set_lr(cfg: TrainConfig, opt, sched, total: int, at: int) -> None:
         group["lr"] = base * f(at)
 
 
-def save_checkpoint(out: Path, head: nn.Module, opt, sched, state: dict) -> None:
-    from safetensors.torch import save_file
-
-    tmp, final = out / "checkpoint.tmp", out / "checkpoint"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file({k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}, str(tmp / "head.safetensors"))
-    torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, tmp / "optimizer.pt")
-    (tmp / "state.json").write_text(json.dumps(state, indent=1))
-    old = out / "checkpoint.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def load_checkpoint(out: Path, head: nn.Module, opt, sched, log=print) -> dict | None:
-    """Restore head, optimizer and schedule; the state dict (step, epoch, batch, tokens, seconds) or None.
-
-    A slim checkpoint (head.safetensors + state.json, no optimizer.pt: the form small enough to carry
-    between machines in git) resumes with fresh AdamW moments and the schedule set to its step.
-    """
-    from safetensors.torch import load_file
-
-    ck = out / "checkpoint"
-    if not (ck / "state.json").exists():
-        ck = out / "checkpoint.old"  # killed between the two renames
-        if not (ck / "state.json").exists():
-            return None
-    head.load_state_dict(load_file(str(ck / "head.safetensors")))
-    state = json.loads((ck / "state.json").read_text())
-    if (ck / "optimizer.pt").exists():
-        opt_state = torch.load(ck / "optimizer.pt", map_location="cpu", weights_only=True)
-        opt.load_state_dict(opt_state["optimizer"])
-        sched.load_state_dict(opt_state["scheduler"])
-    else:
-        log(f"{ck} has no optimizer.pt: resuming with fresh AdamW moments, learning-rate schedule at step "
-            f"{state['step']}")
-        sched.last_epoch = state["step"]
-        for group, base, f in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True):
-            group["lr"] = base * f(state["step"])
-    return state
-
-
 def _batches(examples: list[Example], cfg: TrainConfig, epoch: int, rank: int, world: int) -> list[list[int]]:
     all_b = token_batches(examples, cfg.batch_tokens, cfg.seed + epoch)
     n = len(all_b) // world * world or len(all_b)  # equal counts per process
@@ -216,56 +171,81 @@ def _train_step(cfg: TrainConfig, acc, wrapped, opt, sched, params: list, batch)
     return stats
 
 
-def _resume(out: Path, head: nn.Module, opt, sched, log) -> dict:
-    """The run's state (step, epoch, batch, tokens, seconds): the checkpoint's, restored into head, optimizer and
-    schedule, or a fresh one.
-    """
-    fresh = {"step": 0, "epoch": 0, "batch": 0, "tokens": 0, "seconds": 0.0}
-    state = load_checkpoint(out, head, opt, sched, log) or fresh
-    if state["step"]:
-        where = f"step {state['step']} (epoch {state['epoch']}, batch {state['batch']})"
-        log(f"resuming from {out / 'checkpoint'} at {where}")
-    return state
+@dataclass
+class _Run:
+    """What one training run holds between its setup and its steps."""
+
+    acc: object  # accelerate.Accelerator
+    out: Path
+    loaded: object  # eyas.models.base.LoadedTarget
+    train_ex: list[Example]
+    hold_ex: list[Example]
+    objective: object  # eyas.train.objectives' objective: loss(batch) and module
+    params: list
+    opt: object
+    sched: object
+    wrapped: nn.Module
+    total: int  # optimizer steps of the schedule
+    state: dict  # step, epoch, batch, tokens, seconds (resumed from the checkpoint)
 
 
-def train(cfg: TrainConfig, log=print) -> dict:
-    """Run (or resume) training; returns the final summary (also written to OUT/train_summary.json)."""
-    t_called = time.time()  # --wall-budget counts from here
+def _setup(cfg: TrainConfig, t_called: float, log) -> _Run:
+    """Accelerator, target, data, head, optimizer and schedule; resumes from OUT/checkpoint when there is one."""
     from accelerate import Accelerator
 
     from eyas.models.loading import fast_bf16
 
     convs = read_conversations(cfg.data, log)  # malformed data fails before the target loads
-    gpu = torch.cuda.is_available()
     if cfg.target_dtype == "auto":
         cfg.target_dtype = "bfloat16" if fast_bf16() else "float32"
     if cfg.mixed_precision == "auto":
         cfg.mixed_precision = "bf16" if fast_bf16() else "no"
-    acc = Accelerator(mixed_precision=cfg.mixed_precision, cpu=not gpu)
+    acc = Accelerator(mixed_precision=cfg.mixed_precision, cpu=not torch.cuda.is_available())
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     loaded, train_ex, hold_ex, objective = _load(cfg, acc.device, convs, t_called, log)
-    target = loaded.model
     head = objective.module.to(acc.device)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     per_epoch = len(_batches(train_ex, cfg, 0, acc.process_index, acc.num_processes))
     total = cfg.max_steps or max(1, int(per_epoch * cfg.epochs))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg, total))
-    state = _resume(out, head, opt, sched, log)
+    state = resume(out, head, opt, sched, log)
     wrapped, opt = acc.prepare(_Wrapped(objective), opt)
-    featurize = _feature_source(cfg, target, objective)
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
-    history = out / "train_log.jsonl"
-    bar = tqdm(total=total, initial=state["step"], desc=f"train {cfg.kind}", disable=not acc.is_main_process)
-    t0 = time.time() - state["seconds"]
+    return _Run(acc, out, loaded, train_ex, hold_ex, objective, params, opt, sched, wrapped, total, state)
+
+
+def train(cfg: TrainConfig, log=print) -> dict:
+    """Run (or resume) training; returns the final summary (also written to OUT/train_summary.json)."""
+    t_called = time.time()  # --wall-budget counts from here
+    run = _setup(cfg, t_called, log)
+    acc, state = run.acc, run.state
     loading = time.time() - t_called
     budget = _seconds_for_steps(cfg, loading)
     if cfg.wall_budget is not None:
         log(f"--wall-budget: {budget:.0f} s for the steps (loading took {loading:.0f} s)")
+    last_eval = _run_steps(cfg, run, budget, log)
+    summary = {"steps": state["step"], "tokens": state["tokens"], "seconds": round(state["seconds"], 1)}
+    if budget is not None:
+        summary["schedule_steps"] = run.total  # the budget compressed these into ``steps``
+    if acc.is_main_process:
+        _finish(cfg, run.objective, run.loaded, run.hold_ex, state, last_eval, run.out / "train_log.jsonl",
+                summary, log)
+    acc.wait_for_everyone()
+    return summary
+
+
+def _run_steps(cfg: TrainConfig, run: _Run, budget: float | None, log) -> tuple[int, dict]:
+    """The optimizer steps until the schedule's end (or the wall budget's); returns the last evaluation."""
+    acc, state, total, train_ex = run.acc, run.state, run.total, run.train_ex
+    featurize = _feature_source(cfg, run.loaded.model, run.objective)
+    history = run.out / "train_log.jsonl"
+    bar = tqdm(total=total, initial=state["step"], desc=f"train {cfg.kind}", disable=not acc.is_main_process)
+    t0 = time.time() - state["seconds"]
     t_run, start, at = time.time(), state["step"], state["step"]  # the time budget: from this run's first step
-    prof = StepProfiler(cfg.profile_steps if acc.is_main_process else 0, out, log=log)  # one file, rank 0
+    prof = StepProfiler(cfg.profile_steps if acc.is_main_process else 0, run.out, log=log)  # one file, rank 0
     last_eval: tuple[int, dict] = (-1, {})
     while max(state["step"], at) < total:
         batches = _batches(train_ex, cfg, state["epoch"], acc.process_index, acc.num_processes)
@@ -274,32 +254,27 @@ def train(cfg: TrainConfig, log=print) -> dict:
                 with prof.part("eyas.featurize"):
                     batch = featurize([train_ex[i] for i in batches[bi]])
                 with prof.part("eyas.train_step"):
-                    stats = _train_step(cfg, acc, wrapped, opt, sched, params, batch)
+                    stats = _train_step(cfg, acc, run.wrapped, run.opt, run.sched, run.params, batch)
             if budget is not None:
-                at = _budget_lr(cfg, acc, opt, sched, total, _budget_step(budget, total, start, state["step"] + 1,
-                                                                           time.time() - t_run))
-            opt.zero_grad(set_to_none=True)
+                at = _budget_lr(cfg, acc, run.opt, run.sched, total,
+                                _budget_step(budget, total, start, state["step"] + 1, time.time() - t_run))
+            run.opt.zero_grad(set_to_none=True)
             tokens = sum(int(train_ex[i].loss_mask.numpy().sum()) for i in batches[bi])  # host copies: no wait
             state.update(step=state["step"] + 1, batch=bi + 1, tokens=state["tokens"] + tokens,
                          seconds=time.time() - t0)
             bar.update(1)
-            _log_step(acc, history, state, stats, sched, bar)
+            _log_step(acc, history, state, stats, run.sched, bar)
             if acc.is_main_process and state["step"] % cfg.eval_every == 0:
-                last_eval = (state["step"], _evaluate(cfg, objective, target, hold_ex, state, history, log))
+                last_eval = (state["step"], _evaluate(cfg, run.objective, run.loaded.model, run.hold_ex, state,
+                                                      history, log))
             if acc.is_main_process and (state["step"] % cfg.save_every == 0 or max(state["step"], at) >= total):
-                save_checkpoint(out, acc.unwrap_model(wrapped).head, opt, sched, state)
+                save_checkpoint(run.out, acc.unwrap_model(run.wrapped).head, run.opt, run.sched, state)
             if max(state["step"], at) >= total:
                 break
         else:
             state.update(epoch=state["epoch"] + 1, batch=0)
     bar.close()
-    summary = {"steps": state["step"], "tokens": state["tokens"], "seconds": round(state["seconds"], 1)}
-    if budget is not None:
-        summary["schedule_steps"] = total  # the budget compressed these into ``steps``
-    if acc.is_main_process:
-        _finish(cfg, objective, loaded, hold_ex, state, last_eval, history, summary, log)
-    acc.wait_for_everyone()
-    return summary
+    return last_eval
 
 
 def _finish(cfg: TrainConfig, objective, loaded, hold_ex: list, state: dict, last_eval: tuple[int, dict],

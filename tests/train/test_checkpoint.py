@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from eyas.train.loop import TrainConfig, _lr_lambda, load_checkpoint, save_checkpoint
+from eyas.train.checkpoint import load_checkpoint, save_checkpoint
+from eyas.train.loop import TrainConfig, _lr_lambda
 
 
 def _setup(total: int = 100):
