@@ -23,7 +23,6 @@ VM kept 2 rows as a triple at 8.7 ms where a pair cost 8.3 (``scripts/projection
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,7 +30,7 @@ import torch
 from torch import nn
 
 from eyas.models.gguf_blocks import GGUFBlocks, block_kernel
-from eyas.models.machine_cache import cached_json, machine_key
+from eyas.models.machine_cache import best_alternating, cached_json, machine_key
 from eyas.notes import one_time_note
 
 ROWS = (2, 3, 4, 6)  # rows timed: the verify widths adaptive trees use most, and a wider one
@@ -74,20 +73,17 @@ def time_settings(kernel, blocks: list, rows=ROWS, rounds: int = 5,
     """
     xs = {r: [torch.randn(r, b.k, generator=torch.Generator().manual_seed(r)).bfloat16() for b in blocks] for r in rows}
     empty = torch.empty(0)
-    best = {s: {r: float("inf") for r in rows} for s in SETTINGS}
+
+    def side(s: KernelTuning, r: int):
+        def run() -> None:  # every projection once at r rows under setting s
+            kernel.set_tuning(s.prefetch, s.pair_as_triple)
+            for b, x in zip(blocks, xs[r], strict=True):
+                kernel.linear(x, b.data, b.qtype, empty)
+        return run
+
     with torch.inference_mode():
-        for _ in range(rounds):
-            for s in SETTINGS:
-                kernel.set_tuning(s.prefetch, s.pair_as_triple)
-                for r in rows:
-                    for b, x in zip(blocks, xs[r], strict=True):  # warm: the weights' first pass at this width
-                        kernel.linear(x, b.data, b.qtype, empty)
-                    t = time.perf_counter()
-                    for _ in range(repeats):
-                        for b, x in zip(blocks, xs[r], strict=True):
-                            kernel.linear(x, b.data, b.qtype, empty)
-                    best[s][r] = min(best[s][r], (time.perf_counter() - t) / repeats)
-    return best
+        seconds = best_alternating({(s, r): side(s, r) for s in SETTINGS for r in rows}, rounds, repeats)
+    return {s: {r: seconds[(s, r)] for r in rows} for s in SETTINGS}
 
 
 def tune_block_kernel(model: nn.Module, cache_dir: Path | None = None, kernel=None) -> KernelTuning | None:

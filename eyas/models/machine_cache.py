@@ -8,7 +8,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 
 import torch
@@ -42,7 +42,7 @@ def cached_json(kind: str, key: dict, measure: Callable[[], dict], cache_dir: Pa
     return record
 
 
-def best_alternating(sides: dict[str, Callable[[], None]], rounds: int, repeats: int) -> dict[str, float]:
+def best_alternating(sides: dict[Hashable, Callable[[], None]], rounds: int, repeats: int) -> dict[Hashable, float]:
     """Seconds a call of each side takes: the best over ``rounds`` passes that alternate the sides (a slow spell of the
     machine touches all of them), each pass one warm call, then the mean of ``repeats`` timed calls.
     """
