@@ -187,6 +187,7 @@ class _Run:
     wrapped: nn.Module
     total: int  # optimizer steps of the schedule
     state: dict  # step, epoch, batch, tokens, seconds (resumed from the checkpoint)
+    featurize: object  # list[Example] -> the batch's target features (_feature_source)
 
 
 def _setup(cfg: TrainConfig, t_called: float, log) -> _Run:
@@ -213,8 +214,9 @@ def _setup(cfg: TrainConfig, t_called: float, log) -> _Run:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg, total))
     state = resume(out, head, opt, sched, log)
     wrapped, opt = acc.prepare(_Wrapped(objective), opt)
+    featurize = _feature_source(cfg, loaded.model, objective)
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
-    return _Run(acc, out, loaded, train_ex, hold_ex, objective, params, opt, sched, wrapped, total, state)
+    return _Run(acc, out, loaded, train_ex, hold_ex, objective, params, opt, sched, wrapped, total, state, featurize)
 
 
 def train(cfg: TrainConfig, log=print) -> dict:
@@ -240,7 +242,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
 def _run_steps(cfg: TrainConfig, run: _Run, budget: float | None, log) -> tuple[int, dict]:
     """The optimizer steps until the schedule's end (or the wall budget's); returns the last evaluation."""
     acc, state, total, train_ex = run.acc, run.state, run.total, run.train_ex
-    featurize = _feature_source(cfg, run.loaded.model, run.objective)
+    featurize = run.featurize
     history = run.out / "train_log.jsonl"
     bar = tqdm(total=total, initial=state["step"], desc=f"train {cfg.kind}", disable=not acc.is_main_process)
     t0 = time.time() - state["seconds"]
