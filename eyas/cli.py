@@ -27,7 +27,8 @@ TREE_HELP = (
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="HF model dir, .gguf file or hub id (default: embedded SmolLM2)")
     p.add_argument("--drafter", default="default",
-                   help="none (plain decoding), ngram, draft, eagle, or a path to an EAGLE head / draft LM dir")
+                   help="default, none (plain decoding), ngram, hybrid, eagle3, eagle, medusa, draft, or a path to "
+                        "an EAGLE / Medusa head or draft LM dir (a head kind by name alone: the target's shipped head)")
     p.add_argument("--tree", default=None, help=TREE_HELP)
     p.add_argument("--top-k", type=int, default=None, help="dynamic tree: children per expanded node")
     p.add_argument("--depth", type=int, default=None, help="dynamic tree: deepest draft level")

@@ -135,7 +135,8 @@ class EagleDrafter(Drafter):
         self.target = target_model if target_model is not None else target.model
         if head is None:
             if path is None:
-                raise ValueError("the eagle drafter needs a head directory: --drafter PATH")
+                raise ValueError("the eagle drafter needs a head directory: --drafter PATH (by name alone it "
+                                 "takes the target's shipped EAGLE-1 head, and this target has none)")
             head = load_eagle_head(Path(path), self.target.config, self.target.dtype)
         self.head = head.to(head_compute_dtype(self.target))
         pack_linears_(self.head)  # bf16 on a CPU: prepacked oneDNN weights (eyas.models.packed), same bits

@@ -187,7 +187,8 @@ class Eagle3Drafter(EagleDrafter):
         tm = target_model if target_model is not None else target.model
         if head is None:
             if path is None:
-                raise ValueError("the eagle3 drafter needs a head directory: --drafter PATH")
+                raise ValueError("the eagle3 drafter needs a head directory: --drafter PATH (by name alone it "
+                                 "takes the target's shipped EAGLE-3 head, and this target has none)")
             from eyas.formats.eagle3 import load_eagle3
 
             head = load_eagle3(path, tm.config, tm.dtype)

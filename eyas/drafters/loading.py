@@ -51,8 +51,14 @@ def default_drafter_name(target) -> str:
     return "hybrid" if head is not None else "ngram"
 
 
+HEAD_KINDS = ("eagle3", "eagle", "medusa")  # drafters that read a head directory (detect_kind's names)
+
+
 def build_drafter(spec: DrafterSpec, target) -> Drafter | None:
-    """target: a LoadedTarget. Returns None for plain decoding."""
+    """target: a LoadedTarget. Returns None for plain decoding. A head kind named without a directory takes the
+    target's shipped head when it is of that kind (``--drafter eagle3`` on the embedded default: its EAGLE-3 head
+    alone, without the hybrid's lookup).
+    """
     name = spec.name
     if name in (None, "none", "off"):
         return None
@@ -63,6 +69,9 @@ def build_drafter(spec: DrafterSpec, target) -> Drafter | None:
         return _from_path(p, spec, target)
     if "/" in name or name.startswith("."):
         raise DrafterLoadError(f"drafter path {name!r} does not exist")
+    shipped = shipped_head(getattr(target, "name", ""))
+    if name in HEAD_KINDS and shipped is not None and detect_kind(shipped) == name:
+        return _from_path(shipped, spec, target)  # `--drafter eagle3` on a target that ships an EAGLE-3 head
     try:
         factory = get_drafter_factory(name)
     except KeyError as e:

@@ -28,7 +28,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--model", default=None, help="HF model dir, .gguf file or hub id (default: embedded SmolLM2)"
     )
-    p.add_argument("--drafter", default="default", help="none, ngram, draft, eagle, or a path to a head")
+    p.add_argument("--drafter", default="default",
+                   help="default, none, ngram, hybrid, eagle3, eagle, medusa, draft, or a path to a head (a head "
+                        "kind by name alone: the target's shipped head)")
     p.add_argument("--tree", default=None, help="draft tree spec, as for `eyas generate --tree`")
     p.add_argument(
         "--dtype",

@@ -55,3 +55,23 @@ def test_shipped_head_bf16_exact_mode_equals_plain(head_dir):
     for p in PROMPTS:
         ref = spec.generate(p, max_new_tokens=NEW, speculate=False)
         assert spec.generate(p, max_new_tokens=NEW).token_ids == ref.token_ids, p
+
+
+def test_a_head_kind_named_alone_takes_the_shipped_head(default_target, head_dir):
+    """`--drafter eagle3` on the embedded default: its shipped EAGLE-3 head alone (no lookup), with its tree."""
+    from eyas.drafters.loading import DrafterSpec, build_drafter
+
+    d = build_drafter(DrafterSpec(name="eagle3"), default_target)
+    assert type(d) is Eagle3Drafter
+    assert d.max_nodes == build_drafter(DrafterSpec(name=str(head_dir)), default_target).max_nodes
+
+
+def test_a_head_kind_named_alone_without_a_shipped_head_says_what_to_pass(tiny):
+    from types import SimpleNamespace
+
+    from eyas.drafters.loading import DrafterSpec, build_drafter
+
+    target = SimpleNamespace(model=tiny.native("llama"), name="/some/local/model")
+    for kind in ("eagle3", "eagle"):
+        with pytest.raises(ValueError, match=rf"the {kind} drafter needs a head directory: --drafter PATH.*has none"):
+            build_drafter(DrafterSpec(name=kind), target)
