@@ -6,6 +6,7 @@ A run's end-to-end speedup is (plain prompt + plain decode) / (speculative promp
 its questions ("prompt": until the first token, i.e. prefill and that token). From the per-question rates and the
 summary's per-step costs (draft = the drafter's calls, verify+commit = the rest of a step) it prints:
 
+- prompt tokens a question, plain prompt ms a token and the prompts' share of plain time;
 - the split itself, and the ratio with prompt processing left out of both sides (decode-only);
 - the ratio if the speculative prompt cost what the plain one does (the draft head's pass over the prompt free);
 - the ratio with the drafter's per-step cost scaled by 0.5 and 0 (a cheaper or a free head, the same τ);
@@ -31,6 +32,7 @@ class Split:
     draft_ms: float  # the drafter's per-step cost
     verify_ms: float  # verify + commit per step
     tau: float  # pooled mean accepted tokens per step
+    prompt_tokens: float  # summed over the questions
 
     @property
     def ratio(self) -> float:
@@ -55,8 +57,11 @@ def split_of(run: dict) -> Split:
     total = lambda key: sum(q["new_tokens"] / q[key] for q in qs)  # noqa: E731
     decode = lambda key: sum((q["new_tokens"] - 1) / q[key] for q in qs)  # noqa: E731
     pd, sd = decode("plain_decode_tps"), decode("spec_decode_tps")
+    # a question's prompt seconds (to the first token) times its plain prompt rate = its prompt tokens
+    prompt = sum(q["plain_prompt_tps"] * (q["new_tokens"] / q["plain_tps"] - (q["new_tokens"] - 1)
+                                          / q["plain_decode_tps"]) for q in qs)
     return Split(total("plain_tps") - pd, pd, total("spec_tps") - sd, sd, s["draft_ms_per_step"],
-                 s["verify_commit_ms_per_step"], s["mean_accepted"])
+                 s["verify_commit_ms_per_step"], s["mean_accepted"], prompt)
 
 
 def main() -> None:
@@ -66,9 +71,12 @@ def main() -> None:
     a = ap.parse_args()
     for path in a.runs:
         with open(path) as f:
-            sp = split_of(json.load(f))
+            run = json.load(f)
+        sp, n = split_of(run), len(run["questions"])
         same_prompt = (sp.plain_prompt + sp.plain_decode) / (sp.plain_prompt + sp.spec_decode)
-        print(path)
+        share = sp.plain_prompt / (sp.plain_prompt + sp.plain_decode)
+        print(f"{path}: {sp.prompt_tokens / n:.0f} prompt tokens a question, plain prompt "
+              f"{1e3 * sp.plain_prompt / sp.prompt_tokens:.2f} ms a token, {share:.0%} of plain time")
         print(f"  prompt / decode s: plain {sp.plain_prompt:.2f} / {sp.plain_decode:.2f}, speculative "
               f"{sp.spec_prompt:.2f} / {sp.spec_decode:.2f}; step: draft {sp.draft_ms:.2f} + verify "
               f"{sp.verify_ms:.2f} ms, τ {sp.tau:.3f}")
