@@ -42,6 +42,8 @@ class QuestionResult:
     plain_prompt_tps: float = 0.0
     plain_decode_tps: float = 0.0
     spec_decode_tps: float = 0.0  # the speculative run's tokens after the first / its time after prefill
+    plain_ttft_s: float = 0.0  # time to the first token (prefill and that token), the baseline plain run
+    spec_ttft_s: float = 0.0  # the same, speculative (the draft head's pass over the prompt included)
     llamacpp_prompt_tps: float | None = None
     llamacpp_decode_tps: float | None = None
     llamacpp_agreement: float | None = None  # common prefix with eyas's plain output / length (Q4_1 vs bf16 maths)
@@ -84,6 +86,10 @@ class SpeedReport:
             plain_d = sum(n / r.plain_decode_tps for n, r in zip(dec, q, strict=True))
             spec_d = sum(n / r.spec_decode_tps for n, r in zip(dec, q, strict=True))
             out.update({"decode_speedup": plain_d / spec_d if spec_d else 0.0})
+        if all(r.plain_ttft_s and r.spec_ttft_s for r in q):  # what prompt processing costs each side
+            out.update({"plain_ttft_ms": 1000 * sum(r.plain_ttft_s for r in q) / len(q),
+                        "spec_ttft_ms": 1000 * sum(r.spec_ttft_s for r in q) / len(q),
+                        "prompt_share_of_plain_time": sum(r.plain_ttft_s for r in q) / plain_s})
         steps = sum(r.steps for r in q)
         if steps:  # where a speculative step's time goes: drafting vs the rest (verify forward, commit)
             draft_s = sum(r.draft_seconds for r in q)
@@ -243,6 +249,7 @@ def bench_question(spec, q: dict, params: dict, hf: HFPeer | None, llama=None) -
         plain_prompt_tps=plain.prompt_tokens / plain.prefill_seconds if plain.prefill_seconds else 0.0,
         plain_decode_tps=(plain.new_tokens - 1) / max(plain.seconds - plain.prefill_seconds, 1e-9),
         spec_decode_tps=(fast.new_tokens - 1) / max(fast.seconds - fast.prefill_seconds, 1e-9),
+        plain_ttft_s=plain.prefill_seconds, spec_ttft_s=fast.prefill_seconds,
     )
     if llama is not None:
         run = llama.run(spec.encode(prompt).tolist(), params["max_new_tokens"], spec.stop_ids())

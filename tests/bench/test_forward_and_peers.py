@@ -86,6 +86,11 @@ def test_summary_reports_the_decode_only_speedup_beside_the_end_to_end_one():
     # Spec-Bench's tau: every step weighs the same, so the question with more steps (and a lower tau) weighs more
     assert s["mean_accepted"] == s["mean_accepted_pooled"] == pytest.approx(1 + 11 / 17)
     assert s["mean_accepted_per_question"] == pytest.approx(1.75)
+    assert "plain_ttft_ms" not in s  # no time to first token recorded (older JSON)
+    rows[0].plain_ttft_s, rows[0].spec_ttft_s, rows[1].plain_ttft_s, rows[1].spec_ttft_s = 0.05, 0.06, 0.15, 0.16
+    s = SpeedReport(settings={}, questions=rows).summary()
+    assert s["plain_ttft_ms"] == pytest.approx(100.0) and s["spec_ttft_ms"] == pytest.approx(110.0)
+    assert s["prompt_share_of_plain_time"] == pytest.approx(0.2 / (11 / 40 + 21 / 35))
     rows[1].spec_decode_tps = 0.0  # a result without the split (older JSON): no decode-only figure
     assert "decode_speedup" not in SpeedReport(settings={}, questions=rows).summary()
 
