@@ -54,14 +54,16 @@ def split_of(run: dict) -> Split:
     qs, s = run["questions"], run["summary"]
     if not all(q.get("plain_decode_tps") and q.get("spec_decode_tps") for q in qs):
         raise SystemExit("this JSON has no per-question decode rates (an `eyas bench speed` run before they were kept)")
-    total = lambda key: sum(q["new_tokens"] / q[key] for q in qs)  # noqa: E731
+    def prompt_s(q: dict, side: str) -> float:
+        """A question's time to the first token: its whole time less its decode time (tokens after the first)."""
+        return q["new_tokens"] / q[f"{side}_tps"] - (q["new_tokens"] - 1) / q[f"{side}_decode_tps"]
+
+    plain_p = [prompt_s(q, "plain") for q in qs]
+    spec_p = [prompt_s(q, "spec") for q in qs]
     decode = lambda key: sum((q["new_tokens"] - 1) / q[key] for q in qs)  # noqa: E731
-    pd, sd = decode("plain_decode_tps"), decode("spec_decode_tps")
-    # a question's prompt seconds (to the first token) times its plain prompt rate = its prompt tokens
-    prompt = sum(q["plain_prompt_tps"] * (q["new_tokens"] / q["plain_tps"] - (q["new_tokens"] - 1)
-                                          / q["plain_decode_tps"]) for q in qs)
-    return Split(total("plain_tps") - pd, pd, total("spec_tps") - sd, sd, s["draft_ms_per_step"],
-                 s["verify_commit_ms_per_step"], s["mean_accepted"], prompt)
+    tokens = sum(q["plain_prompt_tps"] * p for q, p in zip(qs, plain_p, strict=True))  # prompt time x prompt rate
+    return Split(sum(plain_p), decode("plain_decode_tps"), sum(spec_p), decode("spec_decode_tps"),
+                 s["draft_ms_per_step"], s["verify_commit_ms_per_step"], s["mean_accepted"], tokens)
 
 
 def main() -> None:
