@@ -69,9 +69,10 @@ def build_drafter(spec: DrafterSpec, target) -> Drafter | None:
         return _from_path(p, spec, target)
     if "/" in name or name.startswith("."):
         raise DrafterLoadError(f"drafter path {name!r} does not exist")
-    shipped = shipped_head(getattr(target, "name", ""))
-    if name in HEAD_KINDS and shipped is not None and detect_kind(shipped) == name:
-        return _from_path(shipped, spec, target)  # `--drafter eagle3` on a target that ships an EAGLE-3 head
+    if name in HEAD_KINDS:  # `--drafter eagle3` on a target that ships an EAGLE-3 head: that head
+        shipped = shipped_head(getattr(target, "name", ""))
+        if shipped is not None and detect_kind(shipped) == name:
+            return _from_path(shipped, spec, target)
     try:
         factory = get_drafter_factory(name)
     except KeyError as e:
