@@ -22,6 +22,7 @@ from eyas.batch import BatchDecoder
 from eyas.decode import DecodeConfig, SpecDecoder, StepEvent
 from eyas.detok import Detokenizer
 from eyas.drafters.loading import DrafterSpec, build_drafter
+from eyas.kv.prefix import PrefixCacheConfig, PrefixStore
 from eyas.models.exact import exact_by_default
 from eyas.models.loading import LoadedTarget, load_target
 from eyas.policy import PolicyConfig, SpecPolicy
@@ -44,6 +45,7 @@ class GenerationResult:
     accepted_per_pos: list[int] = field(default_factory=list)
     # per emitted token: True if it was drafted and accepted, False if the target produced it
     from_draft: list[bool] = field(default_factory=list)
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache (Speculator.prefix_cache), not prefilled
 
     @property
     def new_tokens(self) -> int:
@@ -64,7 +66,7 @@ class GenerationResult:
             "prompt_tokens": self.prompt_tokens, "steps": self.steps, "drafted": self.drafted,
             "accepted": self.accepted, "mean_accepted": round(self.mean_accepted, 4),
             "tokens_per_second": round(self.tokens_per_second, 3), "seconds": round(self.seconds, 4),
-            "accepted_per_pos": self.accepted_per_pos,
+            "accepted_per_pos": self.accepted_per_pos, "cached_tokens": self.cached_tokens,
         }
 
 
@@ -81,6 +83,8 @@ class Speculator:
         if self.exact and hasattr(target.model, "prepare_exact"):
             target.model.prepare_exact()  # row-floor probes at load, not inside the first timed generation
         self.tree_choice = None  # eyas.autotree's TreeChoice when load() sized the tree to this machine
+        # prompts prefilled earlier, reused by later prompts that start with them (exact mode; load's prefix_cache_mb)
+        self.prefix_cache: PrefixStore | None = None
 
     def encode(self, prompt: Prompt, chat: bool = True) -> torch.Tensor:
         """Prompt text or chat messages -> [T] long ids (chat template applied when there is one)."""
@@ -129,7 +133,7 @@ class Speculator:
         drafter = self.drafter if speculate else None
         if drafter is not None and fork:
             drafter = drafter.fork()
-        return SpecDecoder(self.target.model, drafter, cfg)
+        return SpecDecoder(self.target.model, drafter, cfg, self.prefix_cache)
 
     def batch_decoder(self, max_batch: int, policy: PolicyConfig | None = None) -> BatchDecoder:
         """Continuous batching (``eyas.batch``): rows join and leave between steps.
@@ -167,7 +171,7 @@ class Speculator:
             text=self.tokenizer.decode(new, skip_special_tokens=True), token_ids=new,
             prompt_tokens=int(ids.shape[0]), steps=s.steps, drafted=s.drafted, accepted=s.accepted,
             seconds=seconds, accepted_per_pos=list(s.accepted_per_pos), from_draft=flags,
-            prefill_seconds=prefill or 0.0,
+            prefill_seconds=prefill or 0.0, cached_tokens=dec.cached_prompt_tokens,
         )
 
     def stream(self, prompt: Prompt, chat: bool = True, speculate: bool = True, **params) -> Iterator[str]:
@@ -198,6 +202,7 @@ def load(
     exact: bool | None = None,
     quantize: str | None = None,
     device: str | None = None,
+    prefix_cache_mb: int = 0,
     **drafter_options,
 ) -> Speculator:
     """Load a target (embedded default when ``model`` is None) and a drafter by name or path.
@@ -205,7 +210,11 @@ def load(
     ``exact=None`` turns batch-invariant verification on for bfloat16/float16, and for float32 where it is the
     faster mode (eyas.models.exact.exact_by_default: a GGUF target's blocks on a CPU); fast mode elsewhere.
     ``quantize="int8"``: weight-only int8 target (changes its outputs; speculation stays lossless w.r.t. it).
+    ``prefix_cache_mb``: keep prefilled prompts up to this many MiB and start a prompt after the longest one it
+    begins with (eyas.kv.prefix; exact mode only, where reuse changes no bit; 0: off, as for measuring).
     """
+    if prefix_cache_mb < 0:
+        raise ValueError(f"prefix_cache_mb must be >= 0 (0 turns the prefix cache off), got {prefix_cache_mb}")
     target = load_target(model, dtype, backend, quantize, device)
     spec = DrafterSpec(drafter, tree=tree, options=drafter_options)
     choice = size_tree_for(target, spec, exact)  # a tree sized to this machine, unless --tree is given
@@ -213,4 +222,6 @@ def load(
         spec.tree = choice.spec
     out = Speculator(target, spec, exact=exact)
     out.tree_choice = choice
+    if prefix_cache_mb:
+        out.prefix_cache = PrefixStore(PrefixCacheConfig(max_bytes=prefix_cache_mb << 20))
     return out

@@ -146,24 +146,23 @@ class BatchDecoder:
         dec = self.make_decoder(**params)
         if self.own_caches and not dec.cfg.exact:
             raise ValueError("this batch runs in exact mode (per-row caches); its decoders need DecodeConfig.exact")
-        pend = _Pending(key, dec, dec.prefill_steps(prompt, spans=self._spans(prompt.shape[0], dec)))
+        pend = _Pending(key, dec, dec.prefill_steps(prompt, next_end=self._chunk_end(dec)))
         first = None if self.rows else self._advance(pend)
         if first is None:
             self.pending.append(pend)
         return first
 
-    def _spans(self, t: int, dec: SpecDecoder) -> Iterator[tuple[int, int]]:
+    def _chunk_end(self, dec: SpecDecoder) -> Callable[[int, int], int]:
         """A joining prompt's chunks, each sized when its step comes: small while other rows decode, the
         decoder's own (eyas generate's) when none does. Exact mode fills the same cache bits either way.
         """
-        s = 0
-        while s < t:
+
+        def end(s: int, t: int) -> int:
             if self.rows:
-                e = next_span(s, t, self.prefill.chunk, self.prefill.pairs)
-            else:
-                e = next_span(s, t, dec.cfg.prefill_chunk)
-            yield s, e
-            s = e
+                return next_span(s, t, self.prefill.chunk, self.prefill.pairs)
+            return next_span(s, t, dec.cfg.prefill_chunk)
+
+        return end
 
     def _advance(self, pend: _Pending) -> StepEvent | None:
         """Prefill one more chunk; when the prompt is done, move the row into the batch (its first event)."""

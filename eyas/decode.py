@@ -14,6 +14,7 @@ import torch
 
 from eyas import kernels
 from eyas.drafters.base import Drafter, TargetFeatures
+from eyas.kv.prefix import PrefixEntry, PrefixStore
 from eyas.models.attention import round_up
 from eyas.models.base import ForwardMeta, ForwardOutput, PathAttention, TargetModel
 from eyas.models.exact import MAX_ROWS
@@ -88,6 +89,8 @@ class SeqState:
 
 
 Verifier = Callable[[DraftOutput, torch.Tensor, torch.Generator | None], VerifyOutput]
+# (start, prompt length) -> the end of the prefill chunk that starts there (SpecDecoder.prefill_steps)
+ChunkEnd = Callable[[int, int], int]
 
 
 def make_verifier(cfg: DecodeConfig) -> Verifier:
@@ -103,8 +106,16 @@ def make_verifier(cfg: DecodeConfig) -> Verifier:
 class SpecDecoder:
     """Generates with a target and an optional drafter (batch size 1)."""
 
-    def __init__(self, target: TargetModel, drafter: Drafter | None, cfg: DecodeConfig) -> None:
+    def __init__(
+        self, target: TargetModel, drafter: Drafter | None, cfg: DecodeConfig, prefix: PrefixStore | None = None
+    ) -> None:
         self.target, self.drafter, self.cfg = target, drafter, cfg
+        # prompts prefilled earlier (eyas.kv.prefix): exact mode reuses their longest shared prefix
+        if prefix is not None and prefix.cfg.quantum % PREFILL_QUANTUM:
+            raise ValueError(f"a prefix cache's quantum must be a multiple of {PREFILL_QUANTUM} (prefill's chunk "
+                             f"boundaries, where reuse keeps every bit), got {prefix.cfg.quantum}")
+        self.prefix = prefix
+        self.cached_prompt_tokens = 0  # of the last prompt, slots taken from ``prefix`` instead of prefilled
         self.verifier = make_verifier(cfg)
         self.width = drafter.max_nodes if drafter is not None else 1
         if cfg.exact and self.width > MAX_ROWS:
@@ -191,19 +202,21 @@ class SpecDecoder:
         return seq
 
     def prefill_steps(
-        self, prompt: torch.Tensor, cache=None, spans: Iterable[tuple[int, int]] | None = None
+        self, prompt: torch.Tensor, cache=None, next_end: ChunkEnd | None = None
     ) -> Iterator[SeqState | None]:
-        """Prefill in the chunks of ``prefill_spans``: yields None after every chunk but the last, then
-        the SeqState. Continuous batching (eyas.batch) runs one chunk per step between decode steps; the
-        chunking is the same as ``prefill``'s, so a served prompt's cache holds the same bits as eyas generate's.
+        """Prefill in chunks: yields None after every chunk but the last, then the SeqState. Continuous
+        batching (eyas.batch) runs one chunk per step between decode steps; the chunking does not change the
+        cache (below), so a served prompt's cache holds the same bits as eyas generate's.
 
-        ``spans``: the chunks (read one at a time, each when its turn comes), on PREFILL_QUANTUM boundaries
-        (``next_span``; default: ``cfg.prefill_chunk`` tokens each). In exact mode
-        every chunk attends a key length rounded up to PREFILL_KV_BLOCK and pads its projections to their row
-        floors; with chunk boundaries on multiples of PREFILL_QUANTUM that makes the cache bits independent of
-        the chunking (measured, tests/test_prefill.py), so a server can prefill in small chunks between decode
-        steps and still give the tokens of eyas generate. (Where the target has the compiled path kernel, exact
-        prefill attends through it instead, unpadded: eyas.models.native.causal_paths.)
+        ``next_end(s, t)``: the end of the chunk that starts at ``s`` of a ``t``-token prompt, asked when
+        that chunk's turn comes; a multiple of PREFILL_QUANTUM unless ``t`` (default: ``next_span`` with
+        ``cfg.prefill_chunk``). In exact mode every chunk attends a key length rounded up to PREFILL_KV_BLOCK
+        and pads its projections to their row floors; with chunk boundaries on multiples of PREFILL_QUANTUM
+        that makes the cache bits independent of the chunking (measured, tests/test_prefill.py), so a server
+        can prefill in small chunks between decode steps and still give the tokens of eyas generate. (Where
+        the target has the compiled path kernel, exact prefill attends through it instead, unpadded:
+        eyas.models.native.causal_paths.) For the same reason exact mode starts after the longest prefix
+        ``self.prefix`` holds (a multiple of PREFILL_QUANTUM), copied rather than computed.
         """
         t = prompt.shape[0]
         budget = t + self.cfg.max_new_tokens + self.width + 1
@@ -221,25 +234,47 @@ class SpecDecoder:
         mirror = self._new_mirror(cache, budget)
         if self.drafter is not None:
             self.drafter.start(budget)
-        spans = spans if spans is not None else prefill_spans(t, self.cfg.prefill_chunk)
-        for s, e in split_spans(spans, EXACT_PREFILL_ROWS) if exact else spans:
-            if s:
+        next_end = next_end or (lambda s, t: next_span(s, t, self.cfg.prefill_chunk))
+        keep = _PromptFeatures() if exact and self.prefix is not None else None
+        reused = self._reuse_prefix(prompt, cache, mirror, keep) if keep is not None else 0
+        self.cached_prompt_tokens = reused
+        for s, e in _chunks(reused, t, next_end, EXACT_PREFILL_ROWS if exact else None):
+            if s > reused:
                 yield None
-            chunk = prompt[s:e]
-            n = e - s
             kv_len = round_up(e, PREFILL_KV_BLOCK) if exact else None
             out = self._forward(
-                chunk, torch.arange(s, e, device=prompt.device), cache, s, None, prefill=True, kv_len=kv_len
+                prompt[s:e], torch.arange(s, e, device=prompt.device), cache, s, None, prefill=True, kv_len=kv_len
             )
             if mirror is not None:
-                mirror.broadcast_from(cache, s, s + n)
-            rows = torch.arange(n, device=prompt.device)
-            if s + n < t and self.drafter is not None:  # the drafter follows chunk by chunk (no long stall at the end)
-                self.drafter.extend(prompt[s + 1 : s + n + 1], _features(out, rows))
+                mirror.broadcast_from(cache, s, e)
+            feats = _features(out, torch.arange(e - s, device=prompt.device))
+            if keep is not None:
+                keep.add(feats)
+            if e < t and self.drafter is not None:  # the drafter follows chunk by chunk (no long stall at the end)
+                self.drafter.extend(prompt[s + 1 : e + 1], feats)
         first = self._sample_first(out.logits[0, -1])
         if self.drafter is not None:
-            self.drafter.extend(torch.cat([prompt[s + 1 :], first]), _features(out, rows))
+            self.drafter.extend(torch.cat([prompt[s + 1 :], first]), feats)
+        if keep is not None:
+            self.prefix.insert(keep.entry(prompt, cache, self.drafter is not None))
         yield SeqState(history=torch.cat([prompt, first]), cache=cache, cached=t, mirror=mirror)
+
+    def _reuse_prefix(self, prompt: torch.Tensor, cache, mirror, keep: _PromptFeatures) -> int:
+        """Copy the longest stored prefix of ``prompt`` into ``cache`` and feed it to the drafter; its length."""
+        taps = self.taps if self.drafter is not None else None
+        hit = self.prefix.lookup(prompt, cache.k.dtype, taps)
+        if hit is None:
+            return 0
+        n = hit.length
+        hit.copy_into(cache)
+        if mirror is not None:
+            mirror.broadcast_from(cache, 0, n)
+        if self.drafter is not None:
+            hidden, taps_ = hit.features()
+            feats = TargetFeatures(hidden=hidden, taps={k: taps_[k] for k in self.taps})
+            keep.add(feats)
+            self.drafter.extend(prompt[1 : n + 1], feats)
+        return n
 
     def _new_cache(self, budget: int):
         """The sequence's KV cache. Exact mode on the compiled path kernel: in ``decode_kv_dtype`` (bf16 for a bf16
@@ -296,6 +331,37 @@ class SpecDecoder:
     @staticmethod
     def _done(seq: SeqState) -> bool:
         return seq.finished
+
+
+@dataclass
+class _PromptFeatures:
+    """A prompt's target features, chunk by chunk, kept for ``SpecDecoder.prefix``."""
+
+    parts: list[TargetFeatures] = field(default_factory=list)
+
+    def add(self, feats: TargetFeatures) -> None:
+        """Keep a copy (a forward's outputs may be views of buffers the next forward reuses)."""
+        self.parts.append(TargetFeatures(feats.hidden.clone(), {k: v.clone() for k, v in feats.taps.items()}))
+
+    def entry(self, prompt: torch.Tensor, cache, features: bool) -> PrefixEntry:
+        """The store's copy of the prompt ([T] long), its cache slots 0 .. T and (``features``) its features."""
+        t = prompt.shape[0]
+        k, v = cache.k[:, :1, :, :t].clone(), cache.v[:, :1, :, :t].clone()
+        if not features:
+            return PrefixEntry(prompt.cpu().clone(), k, v, None, {})
+        hidden = torch.cat([p.hidden for p in self.parts])
+        taps = {layer: torch.cat([p.taps[layer] for p in self.parts]) for layer in self.parts[0].taps}
+        return PrefixEntry(prompt.cpu().clone(), k, v, hidden, taps)
+
+
+def _chunks(s: int, t: int, next_end: ChunkEnd, most: int | None) -> Iterator[tuple[int, int]]:
+    """Prefill chunks from ``s`` to ``t`` (each end asked of ``next_end`` when its turn comes), each at most
+    ``most`` tokens (a multiple of PREFILL_QUANTUM; None: no bound).
+    """
+    while s < t:
+        e = next_end(s, t)
+        yield from split_spans([(s, e)], most) if most else [(s, e)]
+        s = e
 
 
 def prefill_spans(t: int, chunk: int, pairs: int | None = None) -> list[tuple[int, int]]:

@@ -17,6 +17,7 @@ from eyas.decode import (
     PREFILL_TOKEN_KEYS,
     DecodeConfig,
     SpecDecoder,
+    next_span,
     prefill_spans,
     split_spans,
 )
@@ -62,19 +63,14 @@ def test_bf16_exact_prefill_does_not_depend_on_the_chunking(tiny, kind, monkeypa
     run = target.run
     monkeypatch.setattr(target, "run", lambda tokens, *a: (widest.append(tokens.shape[1]), run(tokens, *a))[1])
     ref = None
-    for spans in (
-        prefill_spans(1100, 128),
-        prefill_spans(1100, 32),
-        prefill_spans(1100, 64, 1 << 15),
-        prefill_spans(1100, 1024),
-    ):
+    for chunk, pairs in ((128, None), (32, None), (64, 1 << 15), (1024, None)):
         dec = SpecDecoder(target, None, DecodeConfig(max_new_tokens=4, exact=True))
-        *_, seq = dec.prefill_steps(prompt, spans=spans)
+        *_, seq = dec.prefill_steps(prompt, next_end=lambda s, t, c=chunk, p=pairs: next_span(s, t, c, p))
         got = (seq.cache.k[:, :, :, :1100].clone(), seq.cache.v[:, :, :, :1100].clone(), seq.history[-1].item())
         if ref is None:
             ref = got
             continue
-        assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1]) and got[2] == ref[2], len(spans)
+        assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1]) and got[2] == ref[2], chunk
     assert max(widest) == EXACT_PREFILL_ROWS  # the 1,024-token chunks were split (no [T, T] table past 512 rows)
 
 

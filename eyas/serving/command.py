@@ -62,6 +62,11 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
         "costs and acceptance (eyas.policy); always: full trees; never: plain decoding",
     )
     p.add_argument(
+        "--prefix-cache-mb", type=int, default=256,
+        help="keep prefilled prompts up to this many MiB; a prompt that starts with one (a system prompt, a chat's "
+        "earlier turns) prefills only the rest, with the same tokens (exact mode); 0: off",
+    )
+    p.add_argument(
         "--no-calibrate", action="store_true", help="skip timing the target's forwards at start (auto policy)"
     )
     p.add_argument(
@@ -105,6 +110,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     ):
         if v < 1:
             raise ValueError(f"{flag} must be positive, got {v}")
+    if a.prefix_cache_mb < 0:
+        raise ValueError(f"--prefix-cache-mb must be >= 0 (0 turns the prefix cache off), got {a.prefix_cache_mb}")
     try:
         import uvicorn
     except ImportError:
@@ -121,7 +128,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
     def build():
         spec = eyas.load(model=a.model, drafter=a.drafter, dtype=a.dtype, backend=a.backend, tree=a.tree,
-                         quantize=a.quantize)
+                         quantize=a.quantize, prefix_cache_mb=a.prefix_cache_mb)
         return create_app(spec, a.served_model_name or served_name(a.model), limits, http)
 
     app = off_main_thread(build)

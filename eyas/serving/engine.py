@@ -76,6 +76,7 @@ class Final:
     token_ids: list[int]  # every generated id, the stop token included
     prompt_tokens: int
     spec: dict  # drafted, accepted, steps, mean_accepted_length, accepted_per_position
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache instead of prefilled
 
 
 @dataclass
@@ -225,10 +226,11 @@ class Engine:
 
     def _finish(self, a: _Active, reason: str) -> None:
         req = a.req
-        stats = spec_stats(self.batch.decoder(req).stats)
+        dec = self.batch.decoder(req)
+        stats, cached, prompt = spec_stats(dec.stats), dec.cached_prompt_tokens, int(req.ids.shape[0])
         self._release(req)
-        self.metrics.observe_finish(reason, int(req.ids.shape[0]), time.perf_counter() - req.arrival)
-        _post(req, Final(reason, a.text.text, a.ids, int(req.ids.shape[0]), stats))
+        self.metrics.observe_finish(reason, prompt, time.perf_counter() - req.arrival, cached)
+        _post(req, Final(reason, a.text.text, a.ids, prompt, stats, cached))
 
     def _release(self, req: GenRequest) -> None:
         if self.active.pop(req, None) is not None:

@@ -66,6 +66,7 @@ class Metrics:
         self.finished: dict[str, int] = {}  # finished_reason -> requests
         self.rejected: dict[str, int] = {}  # reason (queue_full, invalid) -> requests
         self.prompt_tokens = 0
+        self.prefix_hit_tokens = 0  # of prompt_tokens, taken from the prefix cache
         self.generation_tokens = 0
         self.drafts = 0
         self.draft_tokens = 0
@@ -92,10 +93,11 @@ class Metrics:
             self.generation_tokens += n
             (self.ttft if first else self.itl).observe(latency)
 
-    def observe_finish(self, reason: str, prompt_tokens: int, e2e: float) -> None:
+    def observe_finish(self, reason: str, prompt_tokens: int, e2e: float, cached_tokens: int = 0) -> None:
         with self.lock:
             self.finished[reason] = self.finished.get(reason, 0) + 1
             self.prompt_tokens += prompt_tokens
+            self.prefix_hit_tokens += cached_tokens
             self.e2e.observe(e2e)
 
     def observe_reject(self, reason: str) -> None:
@@ -128,7 +130,12 @@ class Metrics:
              labelled("request_success_total", "finished_reason", sorted(self.finished.items()))),
             ("request_rejected", "counter", "Requests refused before decoding, by reason.",
              labelled("request_rejected_total", "reason", sorted(self.rejected.items()))),
-            ("prompt_tokens", "counter", "Prefill tokens processed.", one("prompt_tokens_total", self.prompt_tokens)),
+            ("prompt_tokens", "counter", "Prompt tokens of finished requests (prefilled or from the prefix cache).",
+             one("prompt_tokens_total", self.prompt_tokens)),
+            ("prefix_cache_queries", "counter", "Prompt tokens looked up in the prefix cache.",
+             one("prefix_cache_queries_total", self.prompt_tokens)),
+            ("prefix_cache_hits", "counter", "Prompt tokens taken from the prefix cache instead of prefilled.",
+             one("prefix_cache_hits_total", self.prefix_hit_tokens)),
             ("generation_tokens", "counter", "Generated tokens.",
              one("generation_tokens_total", self.generation_tokens)),
             ("time_to_first_token_seconds", "histogram", "Arrival to first token.",

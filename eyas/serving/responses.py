@@ -30,6 +30,7 @@ def usage(final: Final) -> dict:
         "prompt_tokens": final.prompt_tokens,
         "completion_tokens": n,
         "total_tokens": final.prompt_tokens + n,
+        "prompt_tokens_details": {"cached_tokens": final.cached_tokens},
     }
 
 

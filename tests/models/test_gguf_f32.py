@@ -190,7 +190,7 @@ def test_exact_prefill_reads_the_blocks_and_fills_the_same_cache_in_any_chunking
     without it the cache's projections pad on the dense GEMM and only a chunk's logit row, the last token's, reads
     the blocks. Either way the logits are the kernel's on the final hidden row, bit for bit, and the cache and the
     first token are the same in one chunk of 45 rows and in chunks of 16, 16 and 13."""
-    from eyas.decode import DecodeConfig, SpecDecoder, prefill_spans
+    from eyas.decode import DecodeConfig, SpecDecoder, next_span, prefill_spans
     from eyas.models.base import ForwardOutput
 
     model = default_target.model
@@ -202,11 +202,12 @@ def test_exact_prefill_reads_the_blocks_and_fills_the_same_cache_in_any_chunking
     monkeypatch.setattr(model, "run", lambda *a: (outs.append(run(*a)), outs[-1])[1])
     rows = spy_target_block_rows(monkeypatch, model)
     firsts, caches = [], []
-    for spans in (prefill_spans(t, 128), prefill_spans(t, 16)):
+    for chunk in (128, 16):
+        spans = prefill_spans(t, chunk)
         outs.clear()
         rows.clear()
         dec = SpecDecoder(model, None, DecodeConfig(max_new_tokens=2, exact=True))
-        *_, seq = dec.prefill_steps(prompt, spans=spans)
+        *_, seq = dec.prefill_steps(prompt, next_end=lambda s, t, c=chunk: next_span(s, t, c))
         if gguf_blocks.f32_any_rows():
             per_chunk = 4 * model.config.num_layers  # qkv, o, gate_up, down a layer, then the logit row
             assert rows == [n for s, e in spans for n in [e - s] * per_chunk + [1]]

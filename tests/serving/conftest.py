@@ -107,7 +107,8 @@ class FakeBatch:
     def add(self, key, ids, settings: RequestSettings) -> StepEvent:
         if self.spec.fail:
             raise RuntimeError("boom")
-        self.rows[key] = row = SimpleNamespace(i=0, n=settings.max_new_tokens, stats=StepStats())
+        row = SimpleNamespace(i=0, n=settings.max_new_tokens, stats=StepStats(), cached_prompt_tokens=0)
+        self.rows[key] = row
         return self._event(row)
 
     def step(self) -> list:

@@ -62,6 +62,7 @@ def test_metrics_move(base_url, client):
     after = _metrics(base_url)
     for name in (
         "eyas:prompt_tokens_total",
+        "eyas:prefix_cache_queries_total",
         "eyas:generation_tokens_total",
         "eyas:spec_decode_num_drafts_total",
         "eyas:time_to_first_token_seconds_count",
@@ -72,6 +73,7 @@ def test_metrics_move(base_url, client):
         after["eyas:spec_decode_num_draft_tokens_total"]
         >= after["eyas:spec_decode_num_accepted_tokens_total"]
     )
+    assert 0 <= after["eyas:prefix_cache_hits_total"] <= after["eyas:prefix_cache_queries_total"]
     per_pos = sum(v for k, v in after.items() if k.startswith("eyas:spec_decode_num_accepted_tokens_per_pos"))
     assert per_pos == after["eyas:spec_decode_num_accepted_tokens_total"]
     assert (

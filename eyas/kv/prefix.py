@@ -1,0 +1,146 @@
+"""Reusing a prompt's prefill across requests (automatic prefix caching).
+
+A prompt's prefill leaves its keys/values and the target features its drafter reads. A later prompt that starts
+with the same tokens copies them instead of recomputing them and prefills only the rest: a system prompt shared
+by every request, and in a multi-turn chat every earlier turn (turn n's prompt begins with turn n - 1's).
+
+Reuse never changes a token. It runs only in exact mode, where a prompt's cache bits do not depend on how its
+prefill was chunked so long as chunks start on multiples of ``quantum`` (eyas.decode.PREFILL_QUANTUM;
+tests/test_prefill.py), so a hit is cut down to such a multiple and the rest is prefilled as usual. Only what
+prefill computed is kept, never a decoding step's keys: in a chat the last answer and the new message are
+prefilled again, everything before them is reused.
+
+The store holds whole prompts (tokens, keys/values, features), least recently used evicted first, within
+``max_bytes``. A prompt that extends a stored one replaces it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from eyas.kv.static import KVCache
+
+
+@dataclass
+class PrefixCacheConfig:
+    max_bytes: int = 256 << 20  # keys/values and features of every stored prompt together
+    quantum: int = 8  # a hit's length is a multiple of this (eyas.decode.PREFILL_QUANTUM)
+
+
+@dataclass
+class PrefixEntry:
+    """One prefilled prompt."""
+
+    tokens: torch.Tensor  # [L] long
+    k: torch.Tensor  # [Lyr, 1, Hk, L, Dh], the cache's dtype
+    v: torch.Tensor  # [Lyr, 1, Hk, L, Dh]
+    hidden: torch.Tensor | None  # [L, D] the target's features at prompt rows 0 .. L - 1 (None: no drafter ran)
+    taps: dict[int, torch.Tensor]  # layer -> [L, D]
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [self.tokens, self.k, self.v, *self.taps.values(), *([] if self.hidden is None else [self.hidden])]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def serves(self, dtype: torch.dtype, taps: tuple[int, ...] | None) -> bool:
+        """Whether a decoder with this cache dtype and these taps (None: no drafter) can take this entry."""
+        if self.k.dtype != dtype:
+            return False
+        return taps is None or self.hidden is not None and all(t in self.taps for t in taps)
+
+
+@dataclass
+class PrefixHit:
+    """The first ``length`` prompt tokens are in ``entry``."""
+
+    length: int
+    entry: PrefixEntry
+
+    def copy_into(self, cache: KVCache) -> None:
+        """Write the hit's keys/values into slots 0 .. length of ``cache``'s row 0."""
+        n = self.length
+        cache.k[:, :1, :, :n] = self.entry.k[:, :, :, :n]
+        cache.v[:, :1, :, :n] = self.entry.v[:, :, :, :n]
+
+    def features(self) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """([length, D] hidden, layer -> [length, D] taps) at prompt rows 0 .. length - 1."""
+        n, e = self.length, self.entry
+        assert e.hidden is not None
+        return e.hidden[:n], {k: v[:n] for k, v in e.taps.items()}
+
+
+def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Length of the longest common prefix of two [n] long tensors."""
+    n = min(a.shape[0], b.shape[0])
+    same = (a[:n] == b[:n]).to(torch.int32)
+    return int(same.cumprod(0).sum())
+
+
+class PrefixStore:
+    """Stored prompts of one target, shared by its decoders (any thread)."""
+
+    def __init__(self, cfg: PrefixCacheConfig | None = None) -> None:
+        self.cfg = cfg or PrefixCacheConfig()
+        self._entries: OrderedDict[int, PrefixEntry] = OrderedDict()  # least recently used first
+        self._next = 0
+        self._lock = threading.Lock()
+        self.queried_tokens = 0  # prompt tokens looked up
+        self.hit_tokens = 0  # of them, reused
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.nbytes for e in self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, prompt: torch.Tensor, dtype: torch.dtype, taps: tuple[int, ...] | None) -> PrefixHit | None:
+        """The longest usable stored prefix of ``prompt`` ([T] long), or None.
+
+        Usable: at most T - 1 tokens (the last is always prefilled: its logits give the first token), a multiple
+        of ``quantum``, from an entry in ``dtype`` holding ``taps`` (None: the decoder has no drafter).
+        """
+        t, q = prompt.shape[0], self.cfg.quantum
+        with self._lock:
+            self.queried_tokens += t
+            best, key = 0, None
+            for k, e in self._entries.items():
+                if e.serves(dtype, taps):
+                    n = min(common_prefix(e.tokens, prompt.cpu()), t - 1) // q * q
+                    if n > best:
+                        best, key = n, k
+            if key is None:
+                return None
+            self._entries.move_to_end(key)
+            self.hit_tokens += best
+            return PrefixHit(best, self._entries[key])
+
+    def insert(self, entry: PrefixEntry) -> None:
+        """Keep ``entry`` (its tensors are the store's: pass copies); drop the stored prompts it extends."""
+        if entry.nbytes > self.cfg.max_bytes:
+            return
+        with self._lock:
+            for k, e in list(self._entries.items()):
+                n = common_prefix(e.tokens, entry.tokens)
+                if n == entry.tokens.shape[0] and _covers(e, entry):  # a stored prompt already holds it
+                    self._entries.move_to_end(k)
+                    return
+                if n == e.tokens.shape[0] and _covers(entry, e):  # entry extends a stored prompt: replace it
+                    del self._entries[k]
+            self._entries[self._next] = entry
+            self._next += 1
+            while sum(e.nbytes for e in self._entries.values()) > self.cfg.max_bytes:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+def _covers(a: PrefixEntry, b: PrefixEntry) -> bool:
+    """Whether ``a`` serves every decoder ``b`` serves (same dtype, features no poorer), over a's own length."""
+    return a.k.dtype == b.k.dtype and (b.hidden is None or a.hidden is not None and set(b.taps) <= set(a.taps))
