@@ -7,8 +7,9 @@ by every request, and in a multi-turn chat every earlier turn (turn n's prompt b
 Reuse never changes a token. It runs only in exact mode, where a prompt's cache bits do not depend on how its
 prefill was chunked so long as chunks start on multiples of ``quantum`` (eyas.decode.PREFILL_QUANTUM;
 tests/test_prefill.py), so a hit is cut down to such a multiple and the rest is prefilled as usual. Only what
-prefill computed is kept, never a decoding step's keys: in a chat the last answer and the new message are
-prefilled again, everything before them is reused.
+prefill computed is kept, never a decoding step's keys: those differ from prefill's in the last bits (measured on
+the embedded default in bf16 exact mode, from the first generated position on), so in a chat the last answer and
+the new message are prefilled again; everything before them is reused.
 
 The store holds whole prompts (tokens, keys/values, features), least recently used evicted first, within
 ``max_bytes``. A prompt that extends a stored one replaces it.
@@ -104,13 +105,13 @@ class PrefixStore:
         Usable: at most T - 1 tokens (the last is always prefilled: its logits give the first token), a multiple
         of ``quantum``, from an entry in ``dtype`` holding ``taps`` (None: the decoder has no drafter).
         """
-        t, q = prompt.shape[0], self.cfg.quantum
+        t, q, prompt = prompt.shape[0], self.cfg.quantum, prompt.cpu()
         with self._lock:
             self.queried_tokens += t
             best, key = 0, None
             for k, e in self._entries.items():
                 if e.serves(dtype, taps):
-                    n = min(common_prefix(e.tokens, prompt.cpu()), t - 1) // q * q
+                    n = min(common_prefix(e.tokens, prompt), t - 1) // q * q
                     if n > best:
                         best, key = n, k
             if key is None:
