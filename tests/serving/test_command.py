@@ -63,6 +63,20 @@ def test_non_positive_limits_are_user_errors(flag):
         cmd_serve(_parse(flag, "0"))
 
 
+def test_prefix_cache_flag():
+    assert _parse().prefix_cache_mb == 256
+    assert _parse("--prefix-cache-mb", "0").prefix_cache_mb == 0
+    with pytest.raises(ValueError, match="--prefix-cache-mb must be >= 0"):
+        cmd_serve(_parse("--prefix-cache-mb", "-1"))
+
+
+def test_load_refuses_a_negative_prefix_cache():
+    import eyas
+
+    with pytest.raises(ValueError, match="prefix_cache_mb must be >= 0"):
+        eyas.load(prefix_cache_mb=-5)
+
+
 def test_served_name(tmp_path):
     assert served_name(None) == "SmolLM2-135M-Instruct"
     assert served_name("HuggingFaceTB/SmolLM2-360M-Instruct") == "HuggingFaceTB/SmolLM2-360M-Instruct"
