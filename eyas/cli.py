@@ -176,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run llama.cpp plain decoding of the same GGUF (needs llama-cpp-python: pip install "
                         "'eyas[llamacpp]', a ~8 minute source build); reports its prompt and decode tok/s apart")
     s.add_argument("--warmup", type=int, default=1, help="untimed warm-up generations")
+    s.add_argument("--turns", choices=["first", "all"], default="first",
+                   help="first: each question's first turn; all: every turn in the conversation so far, earlier "
+                        "turns answered by plain decoding's output (Spec-Bench's MT-bench)")
     _common(s)
     from eyas.bench.speed import cmd_speed
 

@@ -16,7 +16,8 @@ def plot_speed(report: dict, out: str) -> None:
     xs = range(len(qs))
     ax.bar(xs, [q["speedup"] for q in qs], color="#3b7dd8", label="speedup vs plain")
     ax.axhline(1.0, color="gray", lw=0.8, ls="--")
-    ax.set_xticks(list(xs), [str(q["question_id"]) for q in qs], rotation=90, fontsize=7)
+    labels = [f"{q['question_id']}/{q['turn']}" if q.get("turn", 1) > 1 else str(q["question_id"]) for q in qs]
+    ax.set_xticks(list(xs), labels, rotation=90, fontsize=7)
     ax.set_ylabel("speedup (x)")
     ax2 = ax.twinx()
     ax2.plot(list(xs), [q["mean_accepted"] for q in qs], "o-", color="#d8703b", ms=3, label="tau")

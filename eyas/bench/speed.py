@@ -1,7 +1,8 @@
 """`eyas bench speed`: Spec-Bench-style speed benchmark.
 
-For each question (first turn, chat template applied) it runs plain decoding
-and the drafter in the same process with the same settings, alternating so
+For each question (its first turn, chat template applied; with ``--turns all`` every turn, each in the
+conversation so far, the earlier turns answered by the plain reference's output, as Spec-Bench runs MT-bench)
+it runs plain decoding and the drafter in the same process with the same settings, alternating so
 machine noise hits both alike, and reports tokens/s, speedup, mean accepted
 length (tau: averaged over every speculative step, as Spec-Bench computes it; the mean of the questions' own
 tau beside it) and whether the outputs are identical token for token. With
@@ -15,6 +16,7 @@ import json
 import platform
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from eyas.bench.plain_compare import plain_runs
 class QuestionResult:
     question_id: object
     new_tokens: int
+    turn: int = field(default=1, kw_only=True)  # 1-based, within the question's conversation
     plain_tps: float  # plain decoding in its faster mode (fast or exact, the faster run): the speedup baseline
     spec_tps: float
     mean_accepted: float
@@ -228,11 +231,27 @@ class _DraftClock:
                 self.drafter.__dict__.pop(name, None)
 
 
-def bench_question(spec, q: dict, params: dict, hf: HFPeer | None, llama=None) -> QuestionResult:
-    """Plain in fast mode, plain in exact mode when on, and speculative, back to back. The speedup's baseline is
-    the faster of the two plain runs (exact mode's compiled decode path can beat fast mode's).
+def conversation(spec, q: dict, params: dict, hf: HFPeer | None, llama=None,
+                 turns: str = "first") -> Iterator[QuestionResult]:
+    """The question's turns (the first, or ``all``) as results: each turn is asked in the conversation so far,
+    the earlier turns answered by the plain reference's output (the same for every drafter: lossless).
     """
-    prompt = q["turns"][0]
+    messages: list[dict] = []
+    for i, text in enumerate(q["turns"][:1] if turns == "first" else q["turns"]):
+        messages.append({"role": "user", "content": text})
+        res, answer = bench_question(spec, q, params, hf, llama, list(messages))
+        res.turn = i + 1
+        messages.append({"role": "assistant", "content": answer})
+        yield res
+
+
+def bench_question(spec, q: dict, params: dict, hf: HFPeer | None, llama=None,
+                   prompt: str | list[dict] | None = None) -> tuple[QuestionResult, str]:
+    """Plain in fast mode, plain in exact mode when on, and speculative, back to back. The speedup's baseline is
+    the faster of the two plain runs (exact mode's compiled decode path can beat fast mode's). ``prompt``: the
+    question's first turn when None. Returns the result and the reference's answer text.
+    """
+    prompt = q["turns"][0] if prompt is None else prompt
     fast_plain, ref = plain_runs(spec, prompt, params)
     plain = max(fast_plain, ref, key=lambda r: r.tokens_per_second)
     with _DraftClock(spec.drafter) as clock:
@@ -261,11 +280,11 @@ def bench_question(spec, q: dict, params: dict, hf: HFPeer | None, llama=None) -
         lk_ids, lk_s = hf.run(ids, params["max_new_tokens"], lookup=True)
         res.hf_tps, res.hf_lookup_tps = len(hf_ids) / hf_s, len(lk_ids) / lk_s
         res.hf_lookup_identical = lk_ids == hf_ids
-    return res
+    return res, ref.text
 
 
 def run_speed(spec, questions: list[dict], params: dict, compare_hf: bool, warmup: int, settings: dict,
-              compare_llamacpp: bool = False) -> SpeedReport:
+              compare_llamacpp: bool = False, turns: str = "first") -> SpeedReport:
     hf = HFPeer(spec) if compare_hf else None
     llama = None
     if compare_llamacpp:
@@ -276,14 +295,15 @@ def run_speed(spec, questions: list[dict], params: dict, compare_hf: bool, warmu
         bench_question(spec, q, {**params, "max_new_tokens": 16}, hf, llama)
     report = SpeedReport(settings=settings)
     for q in tqdm(questions, desc="bench speed", unit="q", file=sys.stderr):
-        report.questions.append(bench_question(spec, q, params, hf, llama))
+        report.questions.extend(conversation(spec, q, params, hf, llama, turns))
     return report
 
 
 def print_report(report: SpeedReport) -> None:
     print(f"{'id':>6} {'tokens':>6} {'plain t/s':>9} {'spec t/s':>9} {'speedup':>7} {'tau':>5} identical")
     for r in report.questions:
-        print(f"{str(r.question_id):>6} {r.new_tokens:>6} {r.plain_tps:>9.2f} {r.spec_tps:>9.2f} "
+        qid = f"{r.question_id}/{r.turn}" if r.turn > 1 else str(r.question_id)
+        print(f"{qid:>6} {r.new_tokens:>6} {r.plain_tps:>9.2f} {r.spec_tps:>9.2f} "
               f"{r.speedup:>7.2f} {r.mean_accepted:>5.2f} {r.identical}")
     summary = report.summary()
     print(json.dumps(summary, indent=2))
@@ -313,7 +333,8 @@ def cmd_speed(a) -> int:
                     exact=spec.exact, date=time.strftime("%Y-%m-%d"), tree_used=spec.drafter_spec.tree,
                     tree_choice=spec.tree_choice.to_dict() if spec.tree_choice is not None else None,
                     head_projections=head_projections(spec.drafter))
-    report = run_speed(spec, questions, params, a.compare_hf, a.warmup, settings, a.compare_llamacpp)
+    report = run_speed(spec, questions, params, a.compare_hf, a.warmup, settings, a.compare_llamacpp,
+                       getattr(a, "turns", "first"))
     # decided at the first greedy forward (timed once per machine): "screened", "full", or None where never asked
     settings["output_projection"] = output_projection(spec.target.model)
     print_report(report)

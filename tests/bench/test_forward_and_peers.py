@@ -120,16 +120,45 @@ def test_a_question_counts_the_speculative_outputs_tokens_when_fast_mode_ends_el
 
     def run(ids, seconds):
         return SimpleNamespace(token_ids=ids, new_tokens=len(ids), tokens_per_second=len(ids) / seconds,
-                               seconds=seconds, prefill_seconds=0.01, prompt_tokens=5, mean_accepted=2.0, steps=3)
+                               seconds=seconds, prefill_seconds=0.01, prompt_tokens=5, mean_accepted=2.0, steps=3,
+                               text=f"{len(ids)} tokens")
 
     exact = list(range(23))
     fast_plain, ref, spec_out = run(list(range(63)), 1.0), run(exact, 0.5), run(exact, 0.3)
     monkeypatch.setattr(speed, "plain_runs", lambda spec, prompt, params: (fast_plain, ref))
     spec = SimpleNamespace(exact=True, drafter=None, generate=lambda prompt, **p: spec_out)
-    r = speed.bench_question(spec, {"question_id": 1, "turns": ["hi"]}, {}, None)
-    assert r.new_tokens == 23 and r.identical
+    r, answer = speed.bench_question(spec, {"question_id": 1, "turns": ["hi"]}, {}, None)
+    assert r.new_tokens == 23 and r.identical and answer == "23 tokens"  # the exact reference's text
     assert r.plain_tps == pytest.approx(63.0)  # the faster plain run's rate is the baseline
     assert r.spec_tps == pytest.approx(23 / 0.3)
+
+
+@pytest.mark.parametrize("turns", ["first", "all"])
+def test_every_turn_is_asked_in_the_conversation_so_far(monkeypatch, turns):
+    """--turns all: turn 2 is asked after turn 1 and the plain reference's answer to it (Spec-Bench's MT-bench)."""
+    from types import SimpleNamespace
+
+    from eyas.bench import speed
+
+    asked = []
+
+    def run(prompt, **params):
+        asked.append(prompt)
+        n = len(prompt)
+        return SimpleNamespace(token_ids=[n], new_tokens=1, tokens_per_second=10.0, seconds=0.1, prefill_seconds=0.01,
+                               prompt_tokens=5, mean_accepted=1.0, steps=1, text=f"answer to {n} messages")
+
+    monkeypatch.setattr(speed, "plain_runs", lambda spec, prompt, params: (run(prompt), run(prompt)))
+    spec = SimpleNamespace(exact=True, drafter=None, generate=lambda prompt, **p: run(prompt))
+    q = {"question_id": 7, "turns": ["first question", "second question"]}
+    results = list(speed.conversation(spec, q, {}, None, turns=turns))
+    assert [r.turn for r in results] == ([1, 2] if turns == "all" else [1])
+    assert all(r.identical and r.question_id == 7 for r in results)
+    assert asked[0] == [{"role": "user", "content": "first question"}]
+    if turns == "all":
+        assert asked[-1] == [{"role": "user", "content": "first question"},
+                             {"role": "assistant", "content": "answer to 1 messages"},
+                             {"role": "user", "content": "second question"}]
 
 
 def test_head_projections_counts_the_heads_kinds_through_a_hybrid_drafter():
