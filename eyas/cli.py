@@ -68,6 +68,13 @@ def _positive_int(v: str) -> int:
     return n
 
 
+def _non_negative_int(v: str) -> int:
+    n = int(v)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {n}")
+    return n
+
+
 def _tree_spec(a: argparse.Namespace) -> str | None:
     if a.tree in (None, "dynamic") and any(v is not None for v in (a.top_k, a.depth, a.total_tokens)):
         return "dynamic:" + ",".join(str(v) for v in (a.top_k or 8, a.depth or 6, a.total_tokens or 48))
@@ -179,6 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--turns", choices=["first", "all"], default="first",
                    help="first: each question's first turn; all: every turn in the conversation so far, earlier "
                         "turns answered by plain decoding's output (Spec-Bench's MT-bench)")
+    s.add_argument("--prefix-cache-mb", type=_non_negative_int, default=0,
+                   help="give plain and speculative decoding each its own prefix cache of this size, kept across "
+                        "questions as eyas serve keeps one (exact mode; a later turn reuses the earlier ones' "
+                        "prefill; default 0: off)")
     _common(s)
     from eyas.bench.speed import cmd_speed
 

@@ -14,7 +14,7 @@ import torch
 
 from eyas import kernels
 from eyas.drafters.base import Drafter, TargetFeatures
-from eyas.kv.prefix import PrefixEntry, PrefixStore
+from eyas.kv.prefix import PrefixStore, PromptRecord
 from eyas.models.attention import round_up
 from eyas.models.base import ForwardMeta, ForwardOutput, PathAttention, TargetModel
 from eyas.models.exact import MAX_ROWS
@@ -235,7 +235,7 @@ class SpecDecoder:
         if self.drafter is not None:
             self.drafter.start(budget)
         next_end = next_end or (lambda s, t: next_span(s, t, self.cfg.prefill_chunk))
-        keep = _PromptFeatures() if exact and self.prefix is not None else None
+        keep = PromptRecord() if exact and self.prefix is not None else None
         reused = self._reuse_prefix(prompt, cache, mirror, keep) if keep is not None else 0
         self.cached_prompt_tokens = reused
         for s, e in _chunks(reused, t, next_end, EXACT_PREFILL_ROWS if exact else None):
@@ -248,18 +248,18 @@ class SpecDecoder:
             if mirror is not None:
                 mirror.broadcast_from(cache, s, e)
             feats = _features(out, torch.arange(e - s, device=prompt.device))
-            if keep is not None:
-                keep.add(feats)
+            if keep is not None and self.drafter is not None:  # a plain decoder's entry keeps no features
+                keep.add(feats.hidden, feats.taps)
             if e < t and self.drafter is not None:  # the drafter follows chunk by chunk (no long stall at the end)
                 self.drafter.extend(prompt[s + 1 : e + 1], feats)
         first = self._sample_first(out.logits[0, -1])
         if self.drafter is not None:
             self.drafter.extend(torch.cat([prompt[s + 1 :], first]), feats)
         if keep is not None:
-            self.prefix.insert(keep.entry(prompt, cache, self.drafter is not None))
+            self.prefix.insert(keep.entry(prompt, cache))
         yield SeqState(history=torch.cat([prompt, first]), cache=cache, cached=t, mirror=mirror)
 
-    def _reuse_prefix(self, prompt: torch.Tensor, cache, mirror, keep: _PromptFeatures) -> int:
+    def _reuse_prefix(self, prompt: torch.Tensor, cache, mirror, keep: PromptRecord) -> int:
         """Copy the longest stored prefix of ``prompt`` into ``cache`` and feed it to the drafter; its length."""
         taps = self.taps if self.drafter is not None else None
         hit = self.prefix.lookup(prompt, cache.k.dtype, taps)
@@ -272,7 +272,7 @@ class SpecDecoder:
         if self.drafter is not None:
             hidden, taps_ = hit.features()
             feats = TargetFeatures(hidden=hidden, taps={k: taps_[k] for k in self.taps})
-            keep.add(feats)
+            keep.add(feats.hidden, feats.taps)
             self.drafter.extend(prompt[1 : n + 1], feats)
         return n
 
@@ -331,27 +331,6 @@ class SpecDecoder:
     @staticmethod
     def _done(seq: SeqState) -> bool:
         return seq.finished
-
-
-@dataclass
-class _PromptFeatures:
-    """A prompt's target features, chunk by chunk, kept for ``SpecDecoder.prefix``."""
-
-    parts: list[TargetFeatures] = field(default_factory=list)
-
-    def add(self, feats: TargetFeatures) -> None:
-        """Keep a copy (a forward's outputs may be views of buffers the next forward reuses)."""
-        self.parts.append(TargetFeatures(feats.hidden.clone(), {k: v.clone() for k, v in feats.taps.items()}))
-
-    def entry(self, prompt: torch.Tensor, cache, features: bool) -> PrefixEntry:
-        """The store's copy of the prompt ([T] long), its cache slots 0 .. T and (``features``) its features."""
-        t = prompt.shape[0]
-        k, v = cache.k[:, :1, :, :t].clone(), cache.v[:, :1, :, :t].clone()
-        if not features:
-            return PrefixEntry(prompt.cpu().clone(), k, v, None, {})
-        hidden = torch.cat([p.hidden for p in self.parts])
-        taps = {layer: torch.cat([p.taps[layer] for p in self.parts]) for layer in self.parts[0].taps}
-        return PrefixEntry(prompt.cpu().clone(), k, v, hidden, taps)
 
 
 def _chunks(s: int, t: int, next_end: ChunkEnd, most: int | None) -> Iterator[tuple[int, int]]:

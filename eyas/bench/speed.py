@@ -12,6 +12,7 @@ prompt lookup on the same weights and dtype in the same run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import sys
@@ -24,6 +25,7 @@ import torch
 from tqdm import tqdm
 
 from eyas.bench.plain_compare import plain_runs
+from eyas.kv.prefix import PrefixCacheConfig, PrefixStore
 
 
 @dataclass
@@ -53,6 +55,7 @@ class QuestionResult:
     steps: int = 0  # target forwards after prefill (speculative run)
     draft_seconds: float = 0.0  # time inside the drafter (propose + extend) in the speculative run
     spec_seconds: float = 0.0
+    cached_tokens: int = 0  # prompt tokens the speculative run took from its prefix cache (--prefix-cache-mb)
 
     @property
     def speedup(self) -> float:
@@ -231,30 +234,58 @@ class _DraftClock:
                 self.drafter.__dict__.pop(name, None)
 
 
-def conversation(spec, q: dict, params: dict, hf: HFPeer | None, llama=None,
-                 turns: str = "first") -> Iterator[QuestionResult]:
+@dataclass
+class SideStores:
+    """``--prefix-cache-mb``: each side's own prefix cache (eyas.kv.prefix), kept across questions as a server
+    keeps one, so neither side reuses what the other prefilled.
+    """
+
+    plain: PrefixStore
+    spec: PrefixStore
+
+    @classmethod
+    def of(cls, mb: int) -> SideStores | None:
+        cfg = PrefixCacheConfig(max_bytes=mb << 20)
+        return cls(PrefixStore(cfg), PrefixStore(cfg)) if mb > 0 else None
+
+
+@contextlib.contextmanager
+def _using(spec, store: PrefixStore | None):
+    """Decode with ``store`` as the speculator's prefix cache."""
+    before = getattr(spec, "prefix_cache", None)
+    spec.prefix_cache = store
+    try:
+        yield
+    finally:
+        spec.prefix_cache = before
+
+
+def conversation(spec, q: dict, params: dict, hf: HFPeer | None, llama=None, turns: str = "first",
+                 stores: SideStores | None = None) -> Iterator[QuestionResult]:
     """The question's turns (the first, or ``all``) as results: each turn is asked in the conversation so far,
     the earlier turns answered by the plain reference's output (the same for every drafter: lossless).
     """
     messages: list[dict] = []
     for i, text in enumerate(q["turns"][:1] if turns == "first" else q["turns"]):
         messages.append({"role": "user", "content": text})
-        res, answer = bench_question(spec, q, params, hf, llama, list(messages))
+        res, answer = bench_question(spec, q, params, hf, llama, list(messages), stores)
         res.turn = i + 1
         messages.append({"role": "assistant", "content": answer})
         yield res
 
 
 def bench_question(spec, q: dict, params: dict, hf: HFPeer | None, llama=None,
-                   prompt: str | list[dict] | None = None) -> tuple[QuestionResult, str]:
+                   prompt: str | list[dict] | None = None,
+                   stores: SideStores | None = None) -> tuple[QuestionResult, str]:
     """Plain in fast mode, plain in exact mode when on, and speculative, back to back. The speedup's baseline is
     the faster of the two plain runs (exact mode's compiled decode path can beat fast mode's). ``prompt``: the
     question's first turn when None. Returns the result and the reference's answer text.
     """
     prompt = q["turns"][0] if prompt is None else prompt
-    fast_plain, ref = plain_runs(spec, prompt, params)
+    with _using(spec, stores and stores.plain):
+        fast_plain, ref = plain_runs(spec, prompt, params)
     plain = max(fast_plain, ref, key=lambda r: r.tokens_per_second)
-    with _DraftClock(spec.drafter) as clock:
+    with _DraftClock(spec.drafter) as clock, _using(spec, stores and stores.spec):
         fast = spec.generate(prompt, **params)
     res = QuestionResult(
         # the speculative output's length (the exact reference's where identical): fast mode's own output may end
@@ -269,6 +300,7 @@ def bench_question(spec, q: dict, params: dict, hf: HFPeer | None, llama=None,
         plain_decode_tps=(plain.new_tokens - 1) / max(plain.seconds - plain.prefill_seconds, 1e-9),
         spec_decode_tps=(fast.new_tokens - 1) / max(fast.seconds - fast.prefill_seconds, 1e-9),
         plain_ttft_s=plain.prefill_seconds, spec_ttft_s=fast.prefill_seconds,
+        cached_tokens=getattr(fast, "cached_tokens", 0),
     )
     if llama is not None:
         run = llama.run(spec.encode(prompt).tolist(), params["max_new_tokens"], spec.stop_ids())
@@ -284,18 +316,18 @@ def bench_question(spec, q: dict, params: dict, hf: HFPeer | None, llama=None,
 
 
 def run_speed(spec, questions: list[dict], params: dict, compare_hf: bool, warmup: int, settings: dict,
-              compare_llamacpp: bool = False, turns: str = "first") -> SpeedReport:
+              compare_llamacpp: bool = False, turns: str = "first", prefix_cache_mb: int = 0) -> SpeedReport:
     hf = HFPeer(spec) if compare_hf else None
     llama = None
     if compare_llamacpp:
         from eyas.bench.llamacpp import LlamaCppPeer, gguf_of
 
         llama = LlamaCppPeer(gguf_of(spec), threads=torch.get_num_threads())
-    for q in questions[:warmup]:  # untimed: first-call allocations and kernel selection
+    for q in questions[:warmup]:  # untimed (no prefix cache: nothing of a question is stored before it runs)
         bench_question(spec, q, {**params, "max_new_tokens": 16}, hf, llama)
-    report = SpeedReport(settings=settings)
+    report, stores = SpeedReport(settings=settings), SideStores.of(prefix_cache_mb)
     for q in tqdm(questions, desc="bench speed", unit="q", file=sys.stderr):
-        report.questions.extend(conversation(spec, q, params, hf, llama, turns))
+        report.questions.extend(conversation(spec, q, params, hf, llama, turns, stores))
     return report
 
 
@@ -334,7 +366,7 @@ def cmd_speed(a) -> int:
                     tree_choice=spec.tree_choice.to_dict() if spec.tree_choice is not None else None,
                     head_projections=head_projections(spec.drafter))
     report = run_speed(spec, questions, params, a.compare_hf, a.warmup, settings, a.compare_llamacpp,
-                       getattr(a, "turns", "first"))
+                       a.turns, a.prefix_cache_mb)
     # decided at the first greedy forward (timed once per machine): "screened", "full", or None where never asked
     settings["output_projection"] = output_projection(spec.target.model)
     print_report(report)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -72,6 +72,29 @@ class PrefixHit:
         n, e = self.length, self.entry
         assert e.hidden is not None
         return e.hidden[:n], {k: v[:n] for k, v in e.taps.items()}
+
+
+@dataclass
+class PromptRecord:
+    """What a prefill computes for the store, chunk by chunk: the target's features at the prompt's rows (copies: a
+    forward's outputs may be views of buffers the next forward reuses). A plain decoder records none.
+    """
+
+    hidden: list[torch.Tensor] = field(default_factory=list)  # [n_i, D] a chunk
+    taps: list[dict[int, torch.Tensor]] = field(default_factory=list)  # layer -> [n_i, D] a chunk
+
+    def add(self, hidden: torch.Tensor, taps: dict[int, torch.Tensor]) -> None:
+        self.hidden.append(hidden.clone())
+        self.taps.append({k: v.clone() for k, v in taps.items()})
+
+    def entry(self, prompt: torch.Tensor, cache: KVCache) -> PrefixEntry:
+        """The prompt ([T] long), copies of its cache slots 0 .. T (row 0) and the recorded features."""
+        t = prompt.shape[0]
+        k, v = cache.k[:, :1, :, :t].clone(), cache.v[:, :1, :, :t].clone()
+        if not self.hidden:
+            return PrefixEntry(prompt.cpu().clone(), k, v, None, {})
+        taps = {layer: torch.cat([part[layer] for part in self.taps]) for layer in self.taps[0]}
+        return PrefixEntry(prompt.cpu().clone(), k, v, torch.cat(self.hidden), taps)
 
 
 def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:

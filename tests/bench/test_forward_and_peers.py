@@ -161,6 +161,28 @@ def test_every_turn_is_asked_in_the_conversation_so_far(monkeypatch, turns):
                              {"role": "user", "content": "second question"}]
 
 
+def test_each_side_decodes_with_its_own_prefix_cache(monkeypatch):
+    """--prefix-cache-mb: plain and speculative decoding each keep a store, so neither reuses the other's prefill."""
+    from types import SimpleNamespace
+
+    from eyas.bench import speed
+
+    seen = []
+
+    def run(prompt, **params):
+        seen.append(spec.prefix_cache)
+        return SimpleNamespace(token_ids=[1], new_tokens=1, tokens_per_second=10.0, seconds=0.1, prefill_seconds=0.01,
+                               prompt_tokens=5, mean_accepted=1.0, steps=1, text="a", cached_tokens=3)
+
+    monkeypatch.setattr(speed, "plain_runs", lambda spec, prompt, params: (run(prompt), run(prompt)))
+    spec = SimpleNamespace(exact=True, drafter=None, generate=lambda prompt, **p: run(prompt), prefix_cache="mine")
+    stores = speed.SideStores.of(1)
+    (res,) = speed.conversation(spec, {"question_id": 1, "turns": ["q"]}, {}, None, stores=stores)
+    assert seen == [stores.plain, stores.plain, stores.spec] and stores.plain is not stores.spec
+    assert spec.prefix_cache == "mine" and res.cached_tokens == 3  # restored; the speculative run's reuse recorded
+    assert speed.SideStores.of(0) is None
+
+
 def test_head_projections_counts_the_heads_kinds_through_a_hybrid_drafter():
     from types import SimpleNamespace
 
