@@ -1,4 +1,5 @@
-"""Greedy losslessness of every drafter on a CUDA device (tiny random Llama; not part of CI).
+"""Greedy losslessness of every drafter on a CUDA device (tiny random Llama; not part of CI), and exact mode's
+prefix cache: a prompt that starts with a stored one fills the same cache bits and decodes the same tokens.
 
 python scripts/gpu_check.py            # prints one line per case, exits 1 on a mismatch
 """
@@ -14,6 +15,7 @@ from eyas.decode import DecodeConfig, SpecDecoder
 from eyas.drafters.draft_lm import DraftLMDrafter
 from eyas.drafters.eagle import EagleDrafter, random_head
 from eyas.drafters.ngram import NgramDrafter
+from eyas.kv.prefix import PrefixStore
 from eyas.models.config import ModelConfig
 from eyas.models.native import NativeLlama
 
@@ -25,10 +27,31 @@ def tiny(seed: int, dev: str, dtype: torch.dtype) -> NativeLlama:
     return NativeLlama(cfg).to(dev, dtype).eval().requires_grad_(False)
 
 
-def run(target, drafter, prompt, exact: bool, width: int) -> tuple[list[int], int]:
-    dec = SpecDecoder(target, drafter, DecodeConfig(max_new_tokens=96, exact=exact))
+def run(target, drafter, prompt, exact: bool, width: int, store=None) -> tuple[list[int], int]:
+    dec = SpecDecoder(target, drafter, DecodeConfig(max_new_tokens=96, exact=exact), store)
     out = [t for ev in dec.generate(prompt) for t in ev.tokens.tolist()]
     return out, dec.stats.accepted
+
+
+def prefix_cache_check(target, drafter, dev: str) -> bool:
+    """bf16 exact mode: prefill of a prompt that extends a stored one (reused from slot 32) against a fresh prefill;
+    then a second turn's speculative decoding with the store against plain decoding without it.
+    """
+    gen = torch.Generator().manual_seed(1)
+    first = torch.randint(0, 96, (37,), generator=gen).to(dev)
+    second = torch.cat([first, torch.randint(0, 96, (200,), generator=gen).to(dev)])
+    store = PrefixStore()
+    SpecDecoder(target, None, DecodeConfig(max_new_tokens=1, exact=True), store).prefill(first)
+    hit = SpecDecoder(target, None, DecodeConfig(max_new_tokens=1, exact=True), store)
+    a, b = hit.prefill(second), SpecDecoder(target, None, DecodeConfig(max_new_tokens=1, exact=True)).prefill(second)
+    t = second.shape[0]
+    same = hit.cached_prompt_tokens == 32 and all(
+        torch.equal(x[:, :, :, :t], y[:, :, :, :t]) for x, y in ((a.cache.k, b.cache.k), (a.cache.v, b.cache.v)))
+    run(target, drafter, first, True, drafter.max_nodes, store)
+    tokens = run(target, drafter, second, True, drafter.max_nodes, store)[0] == run(target, None, second, True, 1)[0]
+    print(f"prefix cache (bf16 exact): cache bits {'equal' if same else 'DIFFER'}, tokens "
+          f"{'identical' if tokens else 'DIFFER'}")
+    return same and tokens
 
 
 def main() -> int:
@@ -59,6 +82,9 @@ def main() -> int:
                 bad += not same and (dtype == torch.float32 or exact)
                 print(f"{str(dtype):15} exact={exact!s:5} {name:15} prompt={p.shape[0]:3} identical={same} "
                       f"accepted={acc:3} {time.perf_counter() - t0:.2f}s")
+    target = tiny(0, dev, torch.bfloat16)
+    bad += not prefix_cache_check(target, EagleDrafter(target_model=target, head=random_head(
+        target.config, 1, torch.bfloat16).to(dev), tree="dynamic:4,4,12"), dev)
     print("FAIL" if bad else "OK: greedy speculative == plain on", dev)
     return 1 if bad else 0
 
