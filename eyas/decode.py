@@ -256,7 +256,7 @@ class SpecDecoder:
         if self.drafter is not None:
             self.drafter.extend(torch.cat([prompt[s + 1 :], first]), feats)
         if keep is not None:
-            self.prefix.insert(keep.entry(prompt, cache))
+            self.prefix.keep(prompt, cache, keep)
         yield SeqState(history=torch.cat([prompt, first]), cache=cache, cached=t, mirror=mirror)
 
     def _reuse_prefix(self, prompt: torch.Tensor, cache, mirror, keep: PromptRecord) -> int:

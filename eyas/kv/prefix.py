@@ -87,6 +87,12 @@ class PromptRecord:
         self.hidden.append(hidden.clone())
         self.taps.append({k: v.clone() for k, v in taps.items()})
 
+    def nbytes(self, t: int, cache: KVCache) -> int:
+        """The size of ``entry``'s result for a ``t``-token prompt, before copying anything."""
+        kv = 2 * cache.k[:, :1, :, :t].numel() * cache.k.element_size()
+        feats = sum(h.numel() * h.element_size() for h in self.hidden)
+        return kv + feats + sum(v.numel() * v.element_size() for part in self.taps for v in part.values()) + 8 * t
+
     def entry(self, prompt: torch.Tensor, cache: KVCache) -> PrefixEntry:
         """The prompt ([T] long), copies of its cache slots 0 .. T (row 0) and the recorded features."""
         t = prompt.shape[0]
@@ -142,6 +148,13 @@ class PrefixStore:
             self._entries.move_to_end(key)
             self.hit_tokens += best
             return PrefixHit(best, self._entries[key])
+
+    def keep(self, prompt: torch.Tensor, cache: KVCache, record: PromptRecord) -> None:
+        """Store a prefilled prompt ([T] long; its keys/values in ``cache``'s row 0, its features in ``record``),
+        unless it alone is larger than the store (then nothing is copied).
+        """
+        if record.nbytes(prompt.shape[0], cache) <= self.cfg.max_bytes:
+            self.insert(record.entry(prompt, cache))
 
     def insert(self, entry: PrefixEntry) -> None:
         """Keep ``entry`` (its tensors are the store's: pass copies); drop the stored prompts it extends."""

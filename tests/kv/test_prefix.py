@@ -21,6 +21,23 @@ def _entry(tokens: list[int], dtype=torch.bfloat16, taps=(2,), hidden=True, slot
     )
 
 
+def test_a_records_size_is_known_before_copying():
+    from eyas.kv.prefix import PromptRecord
+    from eyas.kv.static import KVCache
+
+    cache = KVCache.empty(2, 1, 3, 64, 4, torch.bfloat16)
+    rec = PromptRecord()
+    rec.add(torch.zeros(10, 6), {1: torch.zeros(10, 6)})
+    prompt = torch.arange(10)
+    assert rec.nbytes(10, cache) == rec.entry(prompt, cache).nbytes
+    store = PrefixStore(PrefixCacheConfig(max_bytes=rec.nbytes(10, cache) - 1))
+    store.keep(prompt, cache, rec)  # one byte too large: not stored
+    assert len(store) == 0
+    store.cfg.max_bytes += 1
+    store.keep(prompt, cache, rec)
+    assert len(store) == 1
+
+
 def test_common_prefix():
     a = torch.tensor([1, 2, 3, 4])
     assert common_prefix(a, torch.tensor([1, 2, 3, 4, 5])) == 4
