@@ -5,6 +5,7 @@ Per prompt and per side (plain, speculative with the default drafter): decode ``
 prompt and the answer afresh, and print whether the two caches are equal and the first position where they differ.
 
 python scripts/decode_kv_check.py "Write a short story about a robot learning to paint." "What is 12 times 12?"
+python scripts/decode_kv_check.py --blocks-prefill "..."   # what if bf16 exact prefill read the GGUF blocks too
 """
 
 from __future__ import annotations
@@ -23,12 +24,31 @@ def first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
     return int(diff[0]) if diff.numel() else None
 
 
+def blocks_prefill() -> None:
+    """A what-if: exact mode's bf16 prefill on the row-invariant GGUF-block kernel (decoding's), not oneDNN."""
+    import eyas.models.exact as exact
+    import eyas.models.native as native
+
+    dense = exact.linear
+
+    def linear(mod, x, floors):
+        blocks = mod.__dict__.get("_eyas_blocks")
+        if floors is not None and blocks is not None and x.dtype == torch.bfloat16 and not x.requires_grad:
+            return blocks.linear(x, mod.bias)
+        return dense(mod, x, floors)
+
+    native.linear = linear
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("prompts", nargs="+")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--blocks-prefill", action="store_true", help="prefill on the GGUF-block kernel (a what-if)")
     a = ap.parse_args()
+    if a.blocks_prefill:
+        blocks_prefill()
     spec = eyas.load(dtype=a.dtype)
     model = spec.target.model
     for prompt in a.prompts:

@@ -12,6 +12,7 @@ python scripts/prefill_ab.py --questions /tmp/tune.jsonl --limit 6 \
     --prompt "Write a short story about a robot learning to paint."
 python scripts/prefill_ab.py --questions /tmp/tune.jsonl --limit 4 --pad 3
 python scripts/prefill_ab.py --rows 17,32,41,64,96,128   # the layers' 120 projections alone, best of 3 passes
+python scripts/prefill_ab.py --rows 8,32,64,128 --dtype bfloat16   # the same for bf16 (oneDNN against the blocks)
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ def prefill_ms(spec, prompt: str, dense: bool) -> tuple[float, int]:
 def projections(spec, rows: list[int], passes: int = 3) -> None:
     """The layers' projections (not the vocabulary row) at each row count: the dense GEMM against the blocks."""
     mods = [m for m in spec.target.model.model.layers.modules() if "_eyas_blocks" in m.__dict__]
+    dtype = spec.target.model.dtype
     for m in rows:
-        xs = [torch.randn(m, mod.in_features) for mod in mods]
+        xs = [torch.randn(m, mod.in_features).to(dtype) for mod in mods]
         best = {}
         for name in ("dense", "blocks"):
             runs = []
@@ -75,6 +77,9 @@ def main() -> None:
     if not prompts and not a.rows:
         ap.error("nothing to time: give --questions, --prompt or --rows")
     spec = eyas.load(dtype=a.dtype)
+    if a.rows and not prompts:  # the projections alone: the bf16 kernel takes every row count as well
+        projections(spec, [int(r) for r in a.rows.split(",")])
+        return
     if not exact._f32_any_rows():
         raise SystemExit("the float32 block kernel does not take every row count here (it needs AVX-512 and a "
                          "float32 target with GGUF blocks): nothing to compare")
