@@ -35,7 +35,8 @@ def usage(final: Final) -> dict:
 
 
 def eyas_field(final: Final) -> dict:
-    return {**final.spec, "token_ids": final.token_ids}
+    return {**final.spec, "token_ids": final.token_ids, "prompt_tokens": final.prompt_tokens,
+            "cached_tokens": final.cached_tokens}
 
 
 async def _next(gen: GenRequest, request: Request) -> Delta | Final:

@@ -85,7 +85,10 @@ def test_error_from_the_server_is_shown(page):
     assert page.locator("#send").is_enabled()
 
 
-def test_chat_streams_marks_accepted_drafts_and_compares_plain(page):
+def test_chat_streams_marks_accepted_drafts_and_compares_plain(page, spec):
+    from eyas.kv.prefix import PrefixStore
+
+    spec.prefix_cache = PrefixStore()  # as eyas serve runs: the second turn reuses the first one's prompt
     bodies = []
     page.on("request", lambda r: bodies.append(json.loads(r.post_data)) if r.method == "POST" else None)
     page.fill("#max-tokens", "24")
@@ -111,6 +114,9 @@ def test_chat_streams_marks_accepted_drafts_and_compares_plain(page):
     assert float(page.text_content("#stat-tau")) == 1.0
     assert bodies[-1]["speculate"] is False
     assert [m["role"] for m in bodies[-1]["messages"]] == ["user", "assistant", "user"]  # multi-turn
+    prompt, reused = page.text_content("#stat-prompt").replace("(", "").split()[:2]
+    assert int(prompt) > int(reused) >= (16 if spec.exact else 0)  # the first turn's prompt came from the cache
+    spec.prefix_cache = None
     runs = page.locator("#runs tr")
     assert runs.count() == 2 and runs.nth(0).locator("td").nth(1).text_content() == "off"
 

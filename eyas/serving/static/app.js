@@ -266,6 +266,8 @@ function showStats(answer, stats) {
   $("#stat-ttft").textContent = live.ttft === null ? "–" : `${(live.ttft * 1000).toFixed(0)} ms`;
   $("#stat-accepted").textContent = answer.accepted;
   $("#stat-drafted").textContent = stats ? stats.drafted : "–";
+  $("#stat-prompt").textContent = stats && stats.prompt_tokens !== undefined
+    ? `${stats.prompt_tokens} (${stats.cached_tokens} reused)` : "–";
   $("#stat-rate").textContent = stats && stats.drafted
     ? `${((100 * stats.accepted) / stats.drafted).toFixed(0)} %` : "–";
   if (stats || !answer.done) drawHistogram(stats);
