@@ -53,6 +53,22 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--max-prompt-tokens", type=int, default=None, help="longest prompt (default: the context)"
     )
+    _add_batching_args(p)
+    p.add_argument(
+        "--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 and /v2 (default: $EYAS_API_KEY)"
+    )
+    p.add_argument(
+        "--max-body-bytes", type=int, default=2 << 20, help="largest request body; larger ones get HTTP 413"
+    )
+    p.add_argument(
+        "--body-timeout", type=float, default=30.0, help="seconds for a request body to arrive (else HTTP 408)"
+    )
+    p.set_defaults(func=cmd_serve)
+    return p
+
+
+def _add_batching_args(p: argparse.ArgumentParser) -> None:
+    """Continuous batching, speculation by load and the prefix cache."""
     p.add_argument("--max-batch", type=int, default=8, help="requests decoded together (continuous batching)")
     p.add_argument(
         "--spec-policy",
@@ -69,17 +85,6 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--no-calibrate", action="store_true", help="skip timing the target's forwards at start (auto policy)"
     )
-    p.add_argument(
-        "--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 and /v2 (default: $EYAS_API_KEY)"
-    )
-    p.add_argument(
-        "--max-body-bytes", type=int, default=2 << 20, help="largest request body; larger ones get HTTP 413"
-    )
-    p.add_argument(
-        "--body-timeout", type=float, default=30.0, help="seconds for a request body to arrive (else HTTP 408)"
-    )
-    p.set_defaults(func=cmd_serve)
-    return p
 
 
 def served_name(model: str | None) -> str:
