@@ -22,7 +22,7 @@ from eyas.batch import BatchDecoder
 from eyas.decode import DecodeConfig, SpecDecoder, StepEvent
 from eyas.detok import Detokenizer
 from eyas.drafters.loading import DrafterSpec, build_drafter
-from eyas.kv.prefix import PrefixCacheConfig, PrefixStore
+from eyas.kv.prefix import PrefixStore
 from eyas.models.exact import exact_by_default
 from eyas.models.loading import LoadedTarget, load_target
 from eyas.policy import PolicyConfig, SpecPolicy
@@ -222,6 +222,5 @@ def load(
         spec.tree = choice.spec
     out = Speculator(target, spec, exact=exact)
     out.tree_choice = choice
-    if prefix_cache_mb:
-        out.prefix_cache = PrefixStore(PrefixCacheConfig(max_bytes=prefix_cache_mb << 20))
+    out.prefix_cache = PrefixStore.sized(prefix_cache_mb)
     return out

@@ -20,7 +20,7 @@ import torch
 
 import eyas
 from eyas.bench.speed import cpu_model, read_questions
-from eyas.kv.prefix import PrefixCacheConfig, PrefixStore
+from eyas.kv.prefix import PrefixStore
 
 
 def conversation(spec, turns: list[str], max_new_tokens: int, store: PrefixStore | None) -> list[dict]:
@@ -37,7 +37,7 @@ def conversation(spec, turns: list[str], max_new_tokens: int, store: PrefixStore
 
 
 def run(spec, questions: list[dict], max_new_tokens: int, cache_mb: int) -> list[dict]:
-    warm = PrefixStore(PrefixCacheConfig(max_bytes=cache_mb << 20))
+    warm = PrefixStore.sized(cache_mb)
     conversation(spec, questions[0]["turns"][:1], 16, None)  # untimed: first-call allocations
     conversation(spec, questions[0]["turns"][:1], 16, PrefixStore())
     rows = []

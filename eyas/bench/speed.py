@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 
 from eyas.bench.plain_compare import plain_runs
-from eyas.kv.prefix import PrefixCacheConfig, PrefixStore
+from eyas.kv.prefix import PrefixStore
 
 
 @dataclass
@@ -245,8 +245,7 @@ class SideStores:
 
     @classmethod
     def of(cls, mb: int) -> SideStores | None:
-        cfg = PrefixCacheConfig(max_bytes=mb << 20)
-        return cls(PrefixStore(cfg), PrefixStore(cfg)) if mb > 0 else None
+        return cls(PrefixStore.sized(mb), PrefixStore.sized(mb)) if mb > 0 else None
 
 
 @contextlib.contextmanager
