@@ -247,11 +247,12 @@ class SpecDecoder:
             )
             if mirror is not None:
                 mirror.broadcast_from(cache, s, e)
-            feats = _features(out, torch.arange(e - s, device=prompt.device))
-            if keep is not None and self.drafter is not None:  # a plain decoder's entry keeps no features
-                keep.add(feats.hidden, feats.taps)
-            if e < t and self.drafter is not None:  # the drafter follows chunk by chunk (no long stall at the end)
-                self.drafter.extend(prompt[s + 1 : e + 1], feats)
+            if self.drafter is not None:  # a plain decoder reads no features (and its store entry keeps none)
+                feats = _features(out, torch.arange(e - s, device=prompt.device))
+                if keep is not None:
+                    keep.add(feats.hidden, feats.taps)
+                if e < t:  # the drafter follows chunk by chunk (no long stall at the end)
+                    self.drafter.extend(prompt[s + 1 : e + 1], feats)
         first = self._sample_first(out.logits[0, -1])
         if self.drafter is not None:
             self.drafter.extend(torch.cat([prompt[s + 1 :], first]), feats)
@@ -270,8 +271,7 @@ class SpecDecoder:
         if mirror is not None:
             mirror.broadcast_from(cache, 0, n)
         if self.drafter is not None:
-            hidden, taps_ = hit.features()
-            feats = TargetFeatures(hidden=hidden, taps={k: taps_[k] for k in self.taps})
+            feats = TargetFeatures(*hit.features(self.taps))
             keep.add(feats.hidden, feats.taps)
             self.drafter.extend(prompt[1 : n + 1], feats)
         return n
@@ -345,11 +345,7 @@ def _chunks(s: int, t: int, next_end: ChunkEnd, most: int | None) -> Iterator[tu
 
 def prefill_spans(t: int, chunk: int, pairs: int | None = None) -> list[tuple[int, int]]:
     """(start, end) of each prefill forward over a ``t``-token prompt (see ``next_span``)."""
-    spans, s = [], 0
-    while s < t:
-        spans.append((s, next_span(s, t, chunk, pairs)))
-        s = spans[-1][1]
-    return spans
+    return list(_chunks(0, t, lambda s, t: next_span(s, t, chunk, pairs), None))
 
 
 def next_span(s: int, t: int, chunk: int, pairs: int | None = None) -> int:

@@ -67,11 +67,11 @@ class PrefixHit:
         cache.k[:, :1, :, :n] = self.entry.k[:, :, :, :n]
         cache.v[:, :1, :, :n] = self.entry.v[:, :, :, :n]
 
-    def features(self) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """([length, D] hidden, layer -> [length, D] taps) at prompt rows 0 .. length - 1."""
+    def features(self, taps: tuple[int, ...]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """([length, D] hidden, layer -> [length, D] for each of ``taps``) at prompt rows 0 .. length - 1."""
         n, e = self.length, self.entry
         assert e.hidden is not None
-        return e.hidden[:n], {k: v[:n] for k, v in e.taps.items()}
+        return e.hidden[:n], {k: e.taps[k][:n] for k in taps}
 
 
 @dataclass
@@ -94,9 +94,11 @@ class PromptRecord:
         return kv + feats + sum(v.numel() * v.element_size() for part in self.taps for v in part.values()) + 8 * t
 
     def entry(self, prompt: torch.Tensor, cache: KVCache) -> PrefixEntry:
-        """The prompt ([T] long), copies of its cache slots 0 .. T (row 0) and the recorded features."""
+        """The prompt ([T] long), its cache slots 0 .. T (row 0: views, ``PrefixStore.insert`` copies what it
+        keeps) and the recorded features.
+        """
         t = prompt.shape[0]
-        k, v = cache.k[:, :1, :, :t].clone(), cache.v[:, :1, :, :t].clone()
+        k, v = cache.k[:, :1, :, :t], cache.v[:, :1, :, :t]
         if not self.hidden:
             return PrefixEntry(prompt.cpu().clone(), k, v, None, {})
         taps = {layer: torch.cat([part[layer] for part in self.taps]) for layer in self.taps[0]}
@@ -120,6 +122,11 @@ class PrefixStore:
         self._lock = threading.Lock()
         self.queried_tokens = 0  # prompt tokens looked up
         self.hit_tokens = 0  # of them, reused
+
+    @classmethod
+    def sized(cls, mb: int) -> PrefixStore | None:
+        """A store of ``mb`` MiB, or None (no prefix cache) for 0."""
+        return cls(PrefixCacheConfig(max_bytes=mb << 20)) if mb > 0 else None
 
     @property
     def nbytes(self) -> int:
@@ -157,7 +164,9 @@ class PrefixStore:
             self.insert(record.entry(prompt, cache))
 
     def insert(self, entry: PrefixEntry) -> None:
-        """Keep ``entry`` (its tensors are the store's: pass copies); drop the stored prompts it extends."""
+        """Keep a copy of ``entry``'s keys/values and the rest of it as given (its tokens and features become the
+        store's); drop the stored prompts it extends. A prompt a stored one already holds copies nothing.
+        """
         if entry.nbytes > self.cfg.max_bytes:
             return
         with self._lock:
@@ -168,9 +177,10 @@ class PrefixStore:
                     return
                 if n == e.tokens.shape[0] and _covers(entry, e):  # entry extends a stored prompt: replace it
                     del self._entries[k]
-            self._entries[self._next] = entry
+            self._entries[self._next] = PrefixEntry(entry.tokens, entry.k.clone(), entry.v.clone(), entry.hidden,
+                                                    entry.taps)
             self._next += 1
-            while sum(e.nbytes for e in self._entries.values()) > self.cfg.max_bytes:
+            while self.nbytes > self.cfg.max_bytes:
                 self._entries.popitem(last=False)
 
     def clear(self) -> None:

@@ -69,6 +69,15 @@ def test_lookup_needs_the_dtype_and_the_drafters_features():
     assert store.lookup(p, torch.bfloat16, ()) is None and store.lookup(p, torch.bfloat16, None).length == 40
 
 
+def test_the_store_keeps_its_own_copy_of_the_keys_and_values():
+    """PromptRecord.entry hands the store views of the cache; the cache is reused by the next sequence."""
+    store, entry = PrefixStore(), _entry(list(range(16)), slot_bytes=8)
+    store.insert(entry)
+    entry.k.fill_(1.0)  # the caller's cache is overwritten
+    hit = store.lookup(torch.arange(17), torch.bfloat16, (2,))
+    assert hit.length == 16 and hit.entry.k is not entry.k and not hit.entry.k.any()
+
+
 def test_insert_replaces_the_prompts_it_extends_and_evicts_the_oldest():
     store = PrefixStore(PrefixCacheConfig(max_bytes=10_000))
     store.insert(_entry(list(range(20))))
