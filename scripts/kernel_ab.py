@@ -12,8 +12,8 @@ drafter, 160 prompt tokens), median of 12 steps, w = 1 (plain decoding's step) a
 process's block kernel swapped between the two builds round by round: what a verify forward costs end to end
 (attention, norms, Python included), without the noise of comparing two processes.
 
-``--tuning`` / ``--base-tuning``: PREFETCH,PAIR as ``EYAS_GGUF_TUNING`` (default: what eyas picks for this machine,
-for both). The earlier source is built with eyas's own flags into a temporary directory.
+``--tuning`` / ``--base-tuning``: PREFETCH,PAIR[,FMA] as ``EYAS_GGUF_TUNING`` (default: what eyas picks for this
+machine, for both). The earlier source is built with eyas's own flags into a temporary directory.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2,3,4,5,6,8")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--tuning", help="PREFETCH,PAIR for the working tree's build (default: eyas's choice)")
-    ap.add_argument("--base-tuning", help="PREFETCH,PAIR for the base build (default: eyas's choice)")
+    ap.add_argument("--tuning", help="PREFETCH,PAIR[,FMA] for the working tree's build (default: eyas's choice)")
+    ap.add_argument("--base-tuning", help="PREFETCH,PAIR[,FMA] for the base build (default: eyas's choice)")
     ap.add_argument("--steps", action="store_true", help="time exact-mode decoding steps by tree width instead")
     a = ap.parse_args()
     rows = [int(r) for r in a.rows.split(",")]
@@ -81,7 +81,7 @@ def main() -> None:
         with torch.inference_mode():
             for _ in range(a.rounds):
                 for name, k in builds.items():
-                    k.set_tuning(tunings[name].prefetch, tunings[name].pair_as_triple)
+                    gguf_tuning.set_on(k, tunings[name])
                     for r in rows:
                         t = time.perf_counter()
                         for _ in range(a.repeats):
@@ -114,7 +114,7 @@ def time_steps(model, builds: dict, tunings: dict, widths: list[int], rounds: in
     for _ in range(rounds):
         for name, k in builds.items():
             gguf_blocks._kernel.value = k  # every block projection of the process now runs on this build
-            k.set_tuning(tunings[name].prefetch, tunings[name].pair_as_triple)
+            gguf_tuning.set_on(k, tunings[name])
             median_step(widths[0])  # warm-up after the swap
             for w in widths:
                 got[(name, w)].append(median_step(w))

@@ -105,9 +105,11 @@ constexpr int PF_GROUPS = 2;  // software prefetch distance, in groups
 //             it, 4 / 6 / 8 rows 0.94x / 0.93x / 0.90x.
 //   pair_as_triple: 2 rows run as a 3-row block, the third repeating the second into scratch (Zen 5: 2-row chains
 //             measured slower than 3-row ones; Zen 4, double-pumped AVX-512, pays for the extra row's math)
+//   fma_rows: several rows multiply in float32 FMAs instead of VDPBF16PS (below); set only where fma_matches() holds.
 struct Tuning {
   bool prefetch = true;
   bool pair_as_triple = true;
+  bool fma_rows = false;
 };
 Tuning tuning;
 
@@ -129,22 +131,83 @@ inline void micro(const uint16_t* const* x, const uint16_t* const* w, int64_t nb
     for (int j = 0; j < NR; ++j) out[i * ldo + j] = reduce16(acc[i][j]);
 }
 
+// VDPBF16PS in float32 FMAs, for several rows. The instruction is, per lane l, two float32 FMAs with round to nearest
+// even, denormal inputs read as zero and denormal results flushed: acc += x[2l+1] * w[2l+1], then acc += x[2l] * w[2l]
+// (Intel SDM). A bf16 is the high half of a float32, so the odd weight of a lane is its 32 bits masked, the even one
+// shifted up 16: the same two FMAs give the same bits, so long as no denormal appears. None does when every nonzero
+// |x| >= 2^-60 (fma_safe): GGUF weights are multiples of 2^-24 (fp16 scales and offsets), x then of 2^-67, their
+// products of 2^-91, and every rounded sum of them a multiple of 2^-91 too, far above float32's 2^-126. On a CPU
+// whose VDPBF16PS issues at half the FMA rate (Intel Xeon 6/207: 44 against 88 G multiply-adds/s a core), two FMAs
+// cost what one VDPBF16PS does while the split operands are made once per call (x) or per group (weights).
+// x32/w32: per block, the 16 odd then the 16 even values as float32 (split_block).
+inline void split_block(__m512i v, float* dst) {
+  _mm512_storeu_ps(dst, _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)))));
+  _mm512_storeu_ps(dst + 16, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+}
+
+template <int MRr, int NR>
+inline void micro_fma(const float* const* x, const float* const* w, int64_t nblk, float* out, int64_t ldo) {
+  __m512 acc[MRr][NR];
+  for (int i = 0; i < MRr; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nblk; ++b) {
+    for (int half = 0; half < 2; ++half) {  // odd products first, as VDPBF16PS
+      __m512 wv[NR];
+      for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_ps(w[j] + QK * b + 16 * half);
+      for (int i = 0; i < MRr; ++i) {
+        const __m512 xv = _mm512_loadu_ps(x[i] + QK * b + 16 * half);
+        for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < MRr; ++i)
+    for (int j = 0; j < NR; ++j) out[i * ldo + j] = reduce16(acc[i][j]);
+}
+
+// The rows x[0 .. m) against one group's NR weight rows: each row's sums into out[i * ldo + j]. x32: the rows split
+// for micro_fma (then the weights are split too, into buf as float32), or null for VDPBF16PS on bf16 x.
 template <int NR>
-void group(const uint16_t* xd, int64_t m, const uint8_t* const* w, int64_t k, int64_t bb, int64_t qtype,
-           uint16_t* buf, float* out, int64_t ldo, const uint8_t* pf) {
+void group(const uint16_t* xd, const float* x32, int64_t m, const uint8_t* const* w, int64_t k, int64_t bb,
+           int64_t qtype, uint16_t* buf, float* out, int64_t ldo, const uint8_t* pf) {
   // dequantised into an L1-sized buffer first, also for one row: independent blocks keep more of them in flight
   // than dequantising inside the accumulation chain (measured: 1-row [49152, 576] Q8_0 1.47 -> 0.79 ms, Zen 5).
   // pf: where the group PF_GROUPS ahead starts (its row j block b prefetched beside this one's), or null
   const int64_t nblk = k / QK;
   const uint16_t* ws[NR];
+  const float* ws32[NR];
+  float* buf32 = reinterpret_cast<float*>(buf);
   for (int j = 0; j < NR; ++j) {
     uint16_t* dst = buf + j * k;
+    float* dst32 = buf32 + j * k;
     const uint8_t* pj = pf ? pf + (w[j] - w[0]) : nullptr;  // the rows of a group are consecutive, as are the groups
     for (int64_t b = 0; b < nblk; ++b) {
       if (pj) _mm_prefetch(reinterpret_cast<const char*>(pj + bb * b), _MM_HINT_T0);
-      _mm512_storeu_si512(dst + QK * b, dequant_block(w[j] + bb * b, qtype));
+      const __m512i v = dequant_block(w[j] + bb * b, qtype);
+      if (x32)
+        split_block(v, dst32 + QK * b);
+      else
+        _mm512_storeu_si512(dst + QK * b, v);
     }
     ws[j] = dst;
+    ws32[j] = dst32;
+  }
+  if (x32) {  // 4 rows a block (16 accumulators, 4 weight and 1 row vector), the last 1-3, or 5 in one (30 registers)
+    const float* xs[5];
+    for (int64_t i = 0; i < m;) {
+      const int64_t left = m - i;
+      const int rows = left == 5 ? 5 : static_cast<int>(std::min<int64_t>(left, MR));
+      for (int r = 0; r < rows; ++r) xs[r] = x32 + (i + r) * k;
+      float* o = out + i * ldo;
+      switch (rows) {
+        case 5: micro_fma<5, NR>(xs, ws32, nblk, o, ldo); break;
+        case 4: micro_fma<4, NR>(xs, ws32, nblk, o, ldo); break;
+        case 3: micro_fma<3, NR>(xs, ws32, nblk, o, ldo); break;
+        case 2: micro_fma<2, NR>(xs, ws32, nblk, o, ldo); break;
+        default: micro_fma<1, NR>(xs, ws32, nblk, o, ldo); break;
+      }
+      i += rows;
+    }
+    return;
   }
   // Register blocks of rows: 4 at a time, the last 1-3 in one block, but 5 remaining rows in one block (20
   // accumulators fit the 32 registers, where 4 + 1 re-loads every weight vector for the last row) and 6 as 3 + 3
@@ -179,6 +242,54 @@ void group(const uint16_t* xd, int64_t m, const uint8_t* const* w, int64_t k, in
     }
     i += rows;
   }
+}
+
+// x [M, K] bf16 -> x32 split per block for micro_fma; false (x32 untouched past the first bad value) where a nonzero
+// |x| < 2^-60 or a denormal could make the FMAs' bits differ from VDPBF16PS's (micro_fma)
+bool split_rows(const uint16_t* x, int64_t count, float* x32) {
+  const __m512i mag = _mm512_set1_epi32(0x7FFF0000), tiny = _mm512_set1_epi32((127 - 60) << 23);
+  for (int64_t b = 0; b < count / QK; ++b) {
+    const __m512i v = _mm512_loadu_si512(x + QK * b);
+    const __m512i odd = _mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+    const __m512i even = _mm512_slli_epi32(v, 16);
+    const __m512i ao = _mm512_and_si512(odd, mag), ae = _mm512_and_si512(even, mag);
+    const __mmask16 bad = (_mm512_cmpgt_epi32_mask(tiny, ao) & _mm512_test_epi32_mask(ao, ao)) |
+                          (_mm512_cmpgt_epi32_mask(tiny, ae) & _mm512_test_epi32_mask(ae, ae));
+    if (bad) return false;
+    _mm512_storeu_ps(x32 + QK * b, _mm512_castsi512_ps(odd));
+    _mm512_storeu_ps(x32 + QK * b + 16, _mm512_castsi512_ps(even));
+  }
+  return true;
+}
+
+// whether this CPU's VDPBF16PS gives the bits of micro_fma's two FMAs (the Intel SDM's definition): random rows of
+// mixed magnitudes and signs, sums that cancel, 4 KiB of products, compared lane for lane
+bool fma_matches() {
+  uint32_t state = 12345u;
+  auto next = [&state]() { state = state * 1664525u + 1013904223u; return state; };
+  alignas(64) uint16_t x[QK], w[QK];
+  alignas(64) float x32[QK], w32[QK], a[16], b[16];
+  for (int trial = 0; trial < 4096; ++trial) {
+    for (int j = 0; j < QK; ++j) {
+      // exponents within 2^-20 .. 2^20 around 1 (well inside micro_fma's no-denormal range), random mantissas
+      const uint32_t e = 127 - 20 + next() % 41, sign = (next() >> 7) & 1, mant = (next() >> 9) & 0x7F;
+      x[j] = static_cast<uint16_t>((sign << 15) | (e << 7) | mant);
+      const uint32_t e2 = 127 - 20 + next() % 41, s2 = (next() >> 5) & 1, m2 = (next() >> 11) & 0x7F;
+      w[j] = static_cast<uint16_t>((s2 << 15) | (e2 << 7) | m2);
+    }
+    if (trial % 4 == 0)  // cancellation: the odd product the negated even one (each lane's sum near zero)
+      for (int j = 0; j < QK; j += 2) { x[j + 1] = x[j] ^ 0x8000; w[j + 1] = w[j]; }
+    __m512 acc = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>((127 - 10 + next() % 21) << 23 | (next() & 0x7FFFFF))));
+    const __m512i xv = _mm512_loadu_si512(x), wv = _mm512_loadu_si512(w);
+    _mm512_storeu_ps(a, _mm512_dpbf16_ps(acc, (__m512bh)xv, (__m512bh)wv));
+    split_block(xv, x32);
+    split_block(wv, w32);
+    __m512 f = _mm512_fmadd_ps(_mm512_loadu_ps(x32), _mm512_loadu_ps(w32), acc);
+    f = _mm512_fmadd_ps(_mm512_loadu_ps(x32 + 16), _mm512_loadu_ps(w32 + 16), f);
+    _mm512_storeu_ps(b, f);
+    if (std::memcmp(a, b, sizeof a) != 0) return false;
+  }
+  return true;
 }
 #endif
 
@@ -216,12 +327,15 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor blocks, int64_t qtype, torch
   const uint8_t* wd = blocks.data_ptr<uint8_t>();
   c10::BFloat16* od = out.data_ptr<c10::BFloat16>();
   const int64_t row_bytes = blocks.size(1), groups = (n + NB - 1) / NB;
+  // several rows in FMAs where this CPU's tuning says so and x has no value that could make their bits differ
+  std::vector<float> x32v(tuning.fma_rows && m > 1 ? static_cast<size_t>(m * k) : 0);
+  const float* x32 = !x32v.empty() && split_rows(xd, m * k, x32v.data()) ? x32v.data() : nullptr;
   at::parallel_for(0, groups, 8, [&](int64_t g0, int64_t g1) {
     // the dequantised weights on a 4 KiB boundary: where malloc put them, their stores could alias (in the low 12
     // address bits) the loads of x that follow, and a call's time changed with x's address by up to 17 % (Zen 4, 1
     // row); aligned, 121 projections measured 0.94x / 0.89x / 0.87x the unaligned time at 1 / 2 / 3 rows (one
     // process, the two builds alternating)
-    std::vector<uint16_t> raw(static_cast<size_t>(NB * k + 2048));
+    std::vector<uint16_t> raw(static_cast<size_t>(2 * NB * k + 2048));  // float32 weights for micro_fma
     uint16_t* buf = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(raw.data()) + 4095) & ~uintptr_t(4095));
     float acc[MAX_M * NB];
     for (int64_t g = g0; g < g1; ++g) {
@@ -234,14 +348,15 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor blocks, int64_t qtype, torch
       for (int64_t i0 = 0; i0 < m; i0 += MAX_M) {  // rows in chunks: each row's sums are the same in any chunk
         const int64_t mc = std::min<int64_t>(MAX_M, m - i0);
         if (nr == NB) {  // then the bias in float32 and one rounding to nearest even, as below
-          group<NB>(xd + i0 * k, mc, ws, k, bb, qtype, buf, acc, NB, i0 == 0 ? pf : nullptr);
+          group<NB>(xd + i0 * k, x32 ? x32 + i0 * k : nullptr, mc, ws, k, bb, qtype, buf, acc, NB, i0 == 0 ? pf : nullptr);
           const __m128 bias4 = bd ? _mm_loadu_ps(bd + j0) : _mm_setzero_ps();
           for (int64_t i = 0; i < mc; ++i) {
             const __m128 v = _mm_loadu_ps(acc + i * NB);
             store_bf16x4(bd ? _mm_add_ps(v, bias4) : v, reinterpret_cast<uint16_t*>(od + (i0 + i) * n + j0));
           }
         } else {
-          for (int64_t j = 0; j < nr; ++j) group<1>(xd + i0 * k, mc, ws + j, k, bb, qtype, buf, acc + j, NB, nullptr);
+          for (int64_t j = 0; j < nr; ++j)
+            group<1>(xd + i0 * k, x32 ? x32 + i0 * k : nullptr, mc, ws + j, k, bb, qtype, buf, acc + j, NB, nullptr);
           for (int64_t i = 0; i < mc; ++i)  // bias in float32, then one rounding to nearest even
             for (int64_t j = 0; j < nr; ++j)
               od[(i0 + i) * n + j0 + j] = c10::BFloat16(bd ? acc[i * NB + j] + bd[j0 + j] : acc[i * NB + j]);
@@ -255,12 +370,25 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor blocks, int64_t qtype, torch
 #endif
 }
 
-void set_tuning(bool prefetch, bool pair_as_triple) {
+bool fma_rows_exact() {
 #ifdef EYAS_GGUF_BF16
-  tuning.prefetch = prefetch;
-  tuning.pair_as_triple = pair_as_triple;
+  static const bool exact = fma_matches();  // once a process (4,096 trials)
+  return exact;
+#else
+  return false;
 #endif
 }
+
+void set_tuning(bool prefetch, bool pair_as_triple, bool fma_rows) {
+#ifdef EYAS_GGUF_BF16
+  TORCH_CHECK(!fma_rows || fma_rows_exact(), "gguf_bf16.set_tuning: fma_rows needs this CPU's VDPBF16PS to give the bits "
+              "of two float32 FMAs (fma_matches() is false here)");
+  tuning.prefetch = prefetch;
+  tuning.pair_as_triple = pair_as_triple;
+  tuning.fma_rows = fma_rows;
+#endif
+}
+
 
 bool available() {
 #ifdef EYAS_GGUF_BF16
@@ -275,7 +403,9 @@ bool available() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "x @ W.T + bias, bf16 rows x, W as GGUF Q4_0/Q4_1/Q8_0 blocks (AVX512-BF16)");
   m.def("dequantize", &dequantize, "GGUF blocks -> the bf16 weights the kernel multiplies with");
-  m.def("set_tuning", &set_tuning, "per-CPU speed choices that change no bit: prefetch, pair_as_triple");
+  m.def("set_tuning", &set_tuning, "per-CPU speed choices that change no bit: prefetch, pair_as_triple, fma_rows",
+        py::arg("prefetch"), py::arg("pair_as_triple"), py::arg("fma_rows") = false);
+  m.def("fma_rows_exact", &fma_rows_exact, "whether this CPU's VDPBF16PS gives two float32 FMAs' bits (fma_rows)");
   m.def("available", &available, "whether linear was built (AVX512-BF16 and F16C at compile time)");
   m.def("block_bytes", &block_bytes, "bytes per 32-weight block of a GGML type");
 }

@@ -5,7 +5,12 @@ chain is the same either way) but whose speed depends on the CPU:
 
 * ``prefetch``: with several rows, each block's dequantisation prefetches the same block of the weight group two
   ahead, so the weights stream in while the rows' products are computed;
-* ``pair_as_triple``: run 2 rows as a 3-row register block (the third repeats the second into scratch).
+* ``pair_as_triple``: run 2 rows as a 3-row register block (the third repeats the second into scratch);
+* ``fma_rows``: several rows multiply in float32 FMAs, two per VDPBF16PS, with the instruction's bits (offered only
+  where the kernel's ``fma_rows_exact()`` self-test finds this CPU's VDPBF16PS to be the two FMAs of Intel's
+  definition; the kernel falls back per call on inputs where a denormal could make them differ). On an Intel Xeon
+  6/207, whose VDPBF16PS runs at half the FMA rate, SmolLM2's 121 projections at 4 / 6 / 8 rows took 13.4 / 16.8 /
+  18.9 ms against 15.2 / 18.7 / 22.8 (1 row: 11.4 both; ``scripts/kernel_ab.py``).
 
 Both were measured faster on the Zen 5 VM (full-width AVX-512; then ``prefetch`` fetched a whole group four ahead at
 once). On a Zen 4 VM (AVX-512 on 256-bit halves) that whole-group prefetch and ``pair_as_triple`` were slower
@@ -17,7 +22,8 @@ pays most), best of 5 rounds, about 5 s, and caches the fastest under ``$EYAS_CA
 threads and the kernels' sources. ``pair_as_triple`` is decided on the 2-row time alone (no other width of a verify
 tree up to 9 nodes runs a 2-row block): summed over every width, the noise at the others outweighed it, and a Zen 4
 VM kept 2 rows as a triple at 8.7 ms where a pair cost 8.3 (``scripts/projection_cost.py``).
-``EYAS_GGUF_TUNING=PREFETCH,PAIR`` (e.g. ``0,0``) sets it by hand and skips the timing.
+``fma_rows`` is judged on every width, against the better pair setting of the same prefetch.
+``EYAS_GGUF_TUNING=PREFETCH,PAIR[,FMA]`` (e.g. ``0,0``) sets it by hand and skips the timing.
 """
 
 from __future__ import annotations
@@ -34,40 +40,57 @@ from eyas.models.machine_cache import best_alternating, cached_json, machine_key
 from eyas.notes import one_time_note
 
 ROWS = (2, 3, 4, 6)  # rows timed: the verify widths adaptive trees use most, and a wider one
-PICK_VERSION = 3  # in the cache key: choices made by an earlier rule (2: rows 2-4, 3 rounds) are timed again
+PICK_VERSION = 4  # in the cache key: choices made by an earlier rule (3: no fma_rows) are timed again
 
 
 @dataclass(frozen=True)
 class KernelTuning:
     prefetch: bool = True
-    pair_as_triple: bool = True
+    pair_as_triple: bool = True  # unused under fma_rows (its several-row blocks are FMA blocks)
+    fma_rows: bool = False
 
     @classmethod
     def parse(cls, text: str) -> KernelTuning:
-        """``PREFETCH,PAIR`` as 0/1, e.g. ``0,0``."""
-        parts = text.split(",")
-        if len(parts) != 2 or any(p.strip() not in ("0", "1") for p in parts):
-            raise ValueError(f"EYAS_GGUF_TUNING={text!r}: expected PREFETCH,PAIR_AS_TRIPLE as 0 or 1 each, e.g. 0,0")
-        return cls(parts[0].strip() == "1", parts[1].strip() == "1")
+        """``PREFETCH,PAIR[,FMA]`` as 0/1, e.g. ``0,0`` or ``1,0,1``."""
+        parts = [p.strip() for p in text.split(",")]
+        if len(parts) not in (2, 3) or any(p not in ("0", "1") for p in parts):
+            raise ValueError(f"EYAS_GGUF_TUNING={text!r}: expected PREFETCH,PAIR_AS_TRIPLE[,FMA_ROWS] as 0 or 1 each, "
+                             "e.g. 0,0 or 1,0,1")
+        return cls(*(p == "1" for p in parts))
 
 
 SETTINGS = tuple(KernelTuning(p, t) for p in (True, False) for t in (True, False))
+FMA_SETTINGS = tuple(KernelTuning(p, False, True) for p in (True, False))
+
+
+def fma_exact(kernel) -> bool:
+    """Whether ``kernel`` can run several rows in FMAs with VDPBF16PS's bits on this CPU (its own self-test)."""
+    exact = getattr(kernel, "fma_rows_exact", None)
+    return exact is not None and bool(exact())
+
+
+def settings_for(kernel) -> tuple[KernelTuning, ...]:
+    """What may be timed on ``kernel``: the FMA settings only where they keep every bit."""
+    return SETTINGS + FMA_SETTINGS if fma_exact(kernel) else SETTINGS
 
 
 def pick(seconds: dict[KernelTuning, dict[int, float]]) -> KernelTuning:
     """The fastest setting from seconds by setting and rows. ``pair_as_triple`` only changes how a 2-row block
-    runs, so it is judged on 2 rows alone: every other width counts at its best over the two pair settings (the
-    same code, timed twice). A tie keeps the earlier setting in ``SETTINGS`` order (the Zen 5 defaults first).
+    runs, so it is judged on 2 rows alone: every other width counts at its best over the two pair settings of the
+    same code (the same prefetch and ``fma_rows``, timed twice). A tie keeps the earlier setting in ``seconds``'
+    order (``settings_for``: the Zen 5 defaults first).
     """
+    order = list(seconds)
+
     def cost(s: KernelTuning) -> float:
-        same_prefetch = [t for t in SETTINGS if t.prefetch == s.prefetch]
-        return sum(seconds[s][r] if r == 2 else min(seconds[t][r] for t in same_prefetch) for r in seconds[s])
+        same = [t for t in order if (t.prefetch, t.fma_rows) == (s.prefetch, s.fma_rows)]
+        return sum(seconds[s][r] if r == 2 else min(seconds[t][r] for t in same) for r in seconds[s])
 
-    return min(SETTINGS, key=lambda s: (cost(s), SETTINGS.index(s)))
+    return min(order, key=lambda s: (cost(s), order.index(s)))
 
 
-def time_settings(kernel, blocks: list, rows=ROWS, rounds: int = 5,
-                  repeats: int = 4) -> dict[KernelTuning, dict[int, float]]:
+def time_settings(kernel, blocks: list, rows=ROWS, rounds: int = 5, repeats: int = 4,
+                  settings: tuple[KernelTuning, ...] = SETTINGS) -> dict[KernelTuning, dict[int, float]]:
     """Seconds for every projection in ``blocks`` (GGUFBlocks) by setting and number of rows, best of ``rounds``
     passes that alternate through the settings (a slow spell of the machine touches all of them).
     """
@@ -76,14 +99,21 @@ def time_settings(kernel, blocks: list, rows=ROWS, rounds: int = 5,
 
     def side(s: KernelTuning, r: int):
         def run() -> None:  # every projection once at r rows under setting s
-            kernel.set_tuning(s.prefetch, s.pair_as_triple)
+            set_on(kernel, s)
             for b, x in zip(blocks, xs[r], strict=True):
                 kernel.linear(x, b.data, b.qtype, empty)
         return run
 
     with torch.inference_mode():
-        seconds = best_alternating({(s, r): side(s, r) for s in SETTINGS for r in rows}, rounds, repeats)
-    return {s: {r: seconds[(s, r)] for r in rows} for s in SETTINGS}
+        seconds = best_alternating({(s, r): side(s, r) for s in settings for r in rows}, rounds, repeats)
+    return {s: {r: seconds[(s, r)] for r in rows} for s in settings}
+
+
+def set_on(kernel, s: KernelTuning) -> None:
+    if s.fma_rows:
+        kernel.set_tuning(s.prefetch, s.pair_as_triple, True)
+    else:  # also a kernel built before fma_rows (scripts/kernel_ab.py's base)
+        kernel.set_tuning(s.prefetch, s.pair_as_triple)
 
 
 def tune_block_kernel(model: nn.Module, cache_dir: Path | None = None, kernel=None) -> KernelTuning | None:
@@ -101,7 +131,7 @@ def tune_block_kernel(model: nn.Module, cache_dir: Path | None = None, kernel=No
 
     def measure() -> dict:
         one_time_note("timing the bf16 block kernel's options on this CPU", "~5 s")
-        seconds = time_settings(kernel, blocks)
+        seconds = time_settings(kernel, blocks, settings=settings_for(kernel))
         timed = [{**asdict(s), "ms_by_rows": {r: round(1e3 * v, 3) for r, v in by_rows.items()}}
                  for s, by_rows in seconds.items()]
         return {"choice": asdict(pick(seconds)), "timed_rows": list(ROWS), "timed": timed}
@@ -116,7 +146,11 @@ _applied = False
 
 def apply(kernel, tuning: KernelTuning) -> KernelTuning:
     global _active, _applied
-    kernel.set_tuning(tuning.prefetch, tuning.pair_as_triple)
+    if tuning.fma_rows and not fma_exact(kernel):
+        raise ValueError("fma_rows: this CPU's VDPBF16PS does not give the bits of two float32 FMAs (the kernel's "
+                         "fma_rows_exact() self-test), so several rows cannot run in FMAs here; set EYAS_GGUF_TUNING's "
+                         "third value to 0 or leave it out")
+    set_on(kernel, tuning)
     _active, _applied = tuning, True
     return tuning
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from eyas.models import gguf_tuning
 from eyas.models.gguf_blocks import GGUFBlocks
-from eyas.models.gguf_tuning import SETTINGS, KernelTuning, pick, tune_block_kernel
+from eyas.models.gguf_tuning import FMA_SETTINGS, SETTINGS, KernelTuning, pick, settings_for, tune_block_kernel
 
 from .test_gguf_blocks import KERNEL, TYPES, layer, needs_bf16
 
@@ -23,7 +24,7 @@ def _restore_tuning():
     before = gguf_tuning._active, gguf_tuning._applied
     yield
     if KERNEL is not None and KERNEL.available():
-        KERNEL.set_tuning(before[0].prefetch, before[0].pair_as_triple)
+        gguf_tuning.set_on(KERNEL, before[0])
     gguf_tuning._active, gguf_tuning._applied = before
 
 
@@ -35,11 +36,81 @@ def test_every_setting_gives_the_same_bits_at_every_row_count(qtype):
     x = torch.randn(12, lin.in_features, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     gguf_tuning.apply(KERNEL, KernelTuning())
     ref = {m: blocks.linear(x[:m], lin.bias).view(torch.int16) for m in range(1, 13)}
-    for s in SETTINGS:
+    for s in settings_for(KERNEL):
         gguf_tuning.apply(KERNEL, s)
         assert gguf_tuning.active() == s
         for m in range(1, 13):
             assert torch.equal(blocks.linear(x[:m], lin.bias).view(torch.int16), ref[m]), (s, m)
+
+
+@needs_bf16
+@pytest.mark.skipif(KERNEL is None or not gguf_tuning.fma_exact(KERNEL), reason="VDPBF16PS is not two FMAs here")
+@pytest.mark.parametrize("qtype", TYPES)
+def test_fma_rows_fall_back_where_a_denormal_would_change_a_bit(qtype):
+    """VDPBF16PS reads a denormal x as zero; an FMA would not (2^-130 * w is a normal float32 for |w| > 2^-4). So x
+    with a denormal, or a nonzero |x| < 2^-60, runs on VDPBF16PS, and its rows give their one-row bits."""
+    lin = layer(qtype, 64, 576, seed=5)
+    blocks = lin.__dict__["_eyas_blocks"]
+    w = lin.weight.float()
+    x = torch.zeros(4, 576)
+    col = int(w.abs().max(dim=0).values.argmax())  # a column with a weight far above 2^-4
+    x[0, col] = 2.0 ** -130  # denormal in bf16 (exactly representable)
+    x[1, col] = 2.0 ** -100  # normal, but its products could be denormal
+    x[2] = torch.randn(576)
+    x[3, col] = -(2.0 ** -131)
+    x = x.to(torch.bfloat16)
+    assert x[0, col].item() != 0
+    gguf_tuning.apply(KERNEL, KernelTuning())
+    one = torch.stack([blocks.linear(x[i:i + 1], None)[0] for i in range(4)]).view(torch.int16)
+    gguf_tuning.apply(KERNEL, FMA_SETTINGS[0])
+    assert torch.equal(blocks.linear(x, None).view(torch.int16), one)
+    assert torch.equal(blocks.linear(x[2:3].expand(5, -1).contiguous(), None).view(torch.int16), one[2:3].expand(5, -1))
+
+
+@needs_bf16
+def test_several_rows_keep_the_instructions_order_of_products():
+    """A lane's odd product is added before its even one: 0.75 + 2^24 - 2^24 is 0 in that order, 1 in the other,
+    a difference no bf16 rounding hides. Two Q8_0 blocks (scale 1): block 0 leaves 0.75 in lane 0, block 1 adds
+    x[33] * 1 = 2^24 (odd) and x[32] * 1 = -2^24 (even)."""
+    raw = np.zeros((4, 2 * 34), dtype=np.uint8)
+    raw[:, 0:2] = raw[:, 34:36] = np.frombuffer(np.float16(1.0).tobytes(), dtype=np.uint8)
+    raw[:, 2 + 0] = 1  # w[0]
+    raw[:, 36 + 0] = raw[:, 36 + 1] = 1  # w[32], w[33]
+    blocks = GGUFBlocks(data=torch.from_numpy(raw), qtype=8, k=64)
+    x = torch.zeros(3, 64)
+    x[:, 0], x[:, 32], x[:, 33] = 0.75, -(2.0 ** 24), 2.0 ** 24
+    x = x.to(torch.bfloat16)
+    for s in settings_for(KERNEL):
+        gguf_tuning.apply(KERNEL, s)
+        one = blocks.linear(x[:1], None)
+        assert torch.equal(blocks.linear(x, None), one.expand(3, -1)), s
+        assert one.float().abs().max().item() in (0.0, 1.0)
+    if gguf_tuning.fma_exact(KERNEL):  # the Intel SDM's order, which fma_rows reproduces
+        assert blocks.linear(x, None).float().abs().max().item() == 0.0
+
+
+def test_fma_settings_are_offered_only_where_the_kernel_vouches_for_their_bits():
+    class Vouching:
+        def __init__(self, exact):
+            self.exact = exact
+
+        def fma_rows_exact(self):
+            return self.exact
+
+    assert settings_for(Vouching(True)) == SETTINGS + FMA_SETTINGS
+    assert settings_for(Vouching(False)) == SETTINGS
+    assert settings_for(object()) == SETTINGS  # a build from before fma_rows
+    with pytest.raises(ValueError, match="EYAS_GGUF_TUNING's third value"):
+        gguf_tuning.apply(Vouching(False), KernelTuning(True, False, True))
+
+
+def test_fma_rows_are_judged_on_every_width():
+    order = SETTINGS + FMA_SETTINGS
+    times = {s: {2: 1.0, 3: 1.0, 4: 1.0} for s in order}
+    times[FMA_SETTINGS[0]].update({2: 1.1, 3: 0.8, 4: 0.8})  # slower at 2 rows, faster over 3-4: wins
+    assert pick(times) == FMA_SETTINGS[0]
+    times[FMA_SETTINGS[0]].update({2: 1.5})  # now the 2-row loss outweighs the gain over 3-4
+    assert pick(times) == KernelTuning()
 
 
 def test_pick_takes_the_fastest_and_breaks_ties_towards_the_defaults():
@@ -66,8 +137,10 @@ def test_pair_as_triple_is_judged_on_two_rows_alone():
 
 def test_tuning_from_the_environment_is_parsed_or_refused_with_the_fix():
     assert KernelTuning.parse("0,1") == KernelTuning(prefetch=False, pair_as_triple=True)
-    with pytest.raises(ValueError, match="PREFETCH,PAIR_AS_TRIPLE"):
-        KernelTuning.parse("fast")
+    assert KernelTuning.parse("1, 0, 1") == KernelTuning(prefetch=True, pair_as_triple=False, fma_rows=True)
+    for bad in ("fast", "1", "1,0,1,1", "1,2"):
+        with pytest.raises(ValueError, match="PREFETCH,PAIR_AS_TRIPLE"):
+            KernelTuning.parse(bad)
 
 
 class FakeKernel:
@@ -76,7 +149,8 @@ class FakeKernel:
     def __init__(self):
         self.calls, self.prefetch = [], True
 
-    def set_tuning(self, prefetch, pair):
+    def set_tuning(self, prefetch, pair, fma_rows=False):
+        assert not fma_rows  # no fma_rows_exact: never offered
         self.calls.append((prefetch, pair))
         self.prefetch = prefetch
 
@@ -99,8 +173,8 @@ def test_the_choice_is_timed_once_then_read_from_the_cache(tmp_path, monkeypatch
     got = tune_block_kernel(model, tmp_path, kernel=fake)
     assert got.prefetch is False
     files = list(tmp_path.glob("*.json"))
-    assert len(files) == 1 and json.loads(files[0].read_text())["choice"] == {"prefetch": False,
-                                                                              "pair_as_triple": got.pair_as_triple}
+    assert len(files) == 1 and json.loads(files[0].read_text())["choice"] == {
+        "prefetch": False, "pair_as_triple": got.pair_as_triple, "fma_rows": False}
     fake2 = FakeKernel()
     assert tune_block_kernel(model, tmp_path, kernel=fake2) == got
     assert fake2.calls == [(got.prefetch, got.pair_as_triple)]  # no timing: one call, the cached choice
