@@ -137,23 +137,29 @@ inline void micro(const uint16_t* const* x, const uint16_t* const* w, int64_t nb
 // shifted up 16: the same two FMAs give the same bits, so long as no denormal appears. None does when every nonzero
 // |x| >= 2^-60 (fma_safe): GGUF weights are multiples of 2^-24 (fp16 scales and offsets), x then of 2^-67, their
 // products of 2^-91, and every rounded sum of them a multiple of 2^-91 too, far above float32's 2^-126. On a CPU
-// whose VDPBF16PS issues at half the FMA rate (Intel Xeon 6/207: 44 against 88 G multiply-adds/s a core), two FMAs
-// cost what one VDPBF16PS does while the split operands are made once per call (x) or per group (weights).
-// x32/w32: per block, the 16 odd then the 16 even values as float32 (split_block).
+// whose VDPBF16PS issues at half the FMA rate (Intel Xeon 6/207: 44 against 88 G multiply-adds/s a core, scripts/
+// dot_peak.cpp), two FMAs cost what one VDPBF16PS does; x is split once per call (x32: per block, the 16 odd then the
+// 16 even values as float32, split_block's layout), a weight vector in registers once per block for all the rows
+// (splitting the weights into a float32 buffer instead measured slower: 2 / 3 rows 11.8 / 12.8 ms against 10.9 /
+// 12.0 for the 121 projections, where VDPBF16PS took 11.7 / 13.1).
 inline void split_block(__m512i v, float* dst) {
   _mm512_storeu_ps(dst, _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)))));
   _mm512_storeu_ps(dst + 16, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
 }
 
 template <int MRr, int NR>
-inline void micro_fma(const float* const* x, const float* const* w, int64_t nblk, float* out, int64_t ldo) {
+inline void micro_fma(const float* const* x, const uint16_t* const* w, int64_t nblk, float* out, int64_t ldo) {
   __m512 acc[MRr][NR];
   for (int i = 0; i < MRr; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int64_t b = 0; b < nblk; ++b) {
+    __m512i wb[NR];
+    for (int j = 0; j < NR; ++j) wb[j] = _mm512_loadu_si512(w[j] + QK * b);
     for (int half = 0; half < 2; ++half) {  // odd products first, as VDPBF16PS
       __m512 wv[NR];
-      for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_ps(w[j] + QK * b + 16 * half);
+      for (int j = 0; j < NR; ++j)
+        wv[j] = _mm512_castsi512_ps(half == 0 ? _mm512_and_si512(wb[j], high) : _mm512_slli_epi32(wb[j], 16));
       for (int i = 0; i < MRr; ++i) {
         const __m512 xv = _mm512_loadu_ps(x[i] + QK * b + 16 * half);
         for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
@@ -165,7 +171,7 @@ inline void micro_fma(const float* const* x, const float* const* w, int64_t nblk
 }
 
 // The rows x[0 .. m) against one group's NR weight rows: each row's sums into out[i * ldo + j]. x32: the rows split
-// for micro_fma (then the weights are split too, into buf as float32), or null for VDPBF16PS on bf16 x.
+// for micro_fma, or null for VDPBF16PS on bf16 x.
 template <int NR>
 void group(const uint16_t* xd, const float* x32, int64_t m, const uint8_t* const* w, int64_t k, int64_t bb,
            int64_t qtype, uint16_t* buf, float* out, int64_t ldo, const uint8_t* pf) {
@@ -174,22 +180,14 @@ void group(const uint16_t* xd, const float* x32, int64_t m, const uint8_t* const
   // pf: where the group PF_GROUPS ahead starts (its row j block b prefetched beside this one's), or null
   const int64_t nblk = k / QK;
   const uint16_t* ws[NR];
-  const float* ws32[NR];
-  float* buf32 = reinterpret_cast<float*>(buf);
   for (int j = 0; j < NR; ++j) {
     uint16_t* dst = buf + j * k;
-    float* dst32 = buf32 + j * k;
     const uint8_t* pj = pf ? pf + (w[j] - w[0]) : nullptr;  // the rows of a group are consecutive, as are the groups
     for (int64_t b = 0; b < nblk; ++b) {
       if (pj) _mm_prefetch(reinterpret_cast<const char*>(pj + bb * b), _MM_HINT_T0);
-      const __m512i v = dequant_block(w[j] + bb * b, qtype);
-      if (x32)
-        split_block(v, dst32 + QK * b);
-      else
-        _mm512_storeu_si512(dst + QK * b, v);
+      _mm512_storeu_si512(dst + QK * b, dequant_block(w[j] + bb * b, qtype));
     }
     ws[j] = dst;
-    ws32[j] = dst32;
   }
   if (x32) {  // 4 rows a block (16 accumulators, 4 weight and 1 row vector), the last 1-3, or 5 in one (30 registers)
     const float* xs[5];
@@ -199,11 +197,11 @@ void group(const uint16_t* xd, const float* x32, int64_t m, const uint8_t* const
       for (int r = 0; r < rows; ++r) xs[r] = x32 + (i + r) * k;
       float* o = out + i * ldo;
       switch (rows) {
-        case 5: micro_fma<5, NR>(xs, ws32, nblk, o, ldo); break;
-        case 4: micro_fma<4, NR>(xs, ws32, nblk, o, ldo); break;
-        case 3: micro_fma<3, NR>(xs, ws32, nblk, o, ldo); break;
-        case 2: micro_fma<2, NR>(xs, ws32, nblk, o, ldo); break;
-        default: micro_fma<1, NR>(xs, ws32, nblk, o, ldo); break;
+        case 5: micro_fma<5, NR>(xs, ws, nblk, o, ldo); break;
+        case 4: micro_fma<4, NR>(xs, ws, nblk, o, ldo); break;
+        case 3: micro_fma<3, NR>(xs, ws, nblk, o, ldo); break;
+        case 2: micro_fma<2, NR>(xs, ws, nblk, o, ldo); break;
+        default: micro_fma<1, NR>(xs, ws, nblk, o, ldo); break;
       }
       i += rows;
     }
@@ -335,7 +333,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor blocks, int64_t qtype, torch
     // address bits) the loads of x that follow, and a call's time changed with x's address by up to 17 % (Zen 4, 1
     // row); aligned, 121 projections measured 0.94x / 0.89x / 0.87x the unaligned time at 1 / 2 / 3 rows (one
     // process, the two builds alternating)
-    std::vector<uint16_t> raw(static_cast<size_t>(2 * NB * k + 2048));  // float32 weights for micro_fma
+    std::vector<uint16_t> raw(static_cast<size_t>(NB * k + 2048));
     uint16_t* buf = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(raw.data()) + 4095) & ~uintptr_t(4095));
     float acc[MAX_M * NB];
     for (int64_t g = g0; g < g1; ++g) {

@@ -9,8 +9,8 @@ chain is the same either way) but whose speed depends on the CPU:
 * ``fma_rows``: several rows multiply in float32 FMAs, two per VDPBF16PS, with the instruction's bits (offered only
   where the kernel's ``fma_rows_exact()`` self-test finds this CPU's VDPBF16PS to be the two FMAs of Intel's
   definition; the kernel falls back per call on inputs where a denormal could make them differ). On an Intel Xeon
-  6/207, whose VDPBF16PS runs at half the FMA rate, SmolLM2's 121 projections at 4 / 6 / 8 rows took 13.4 / 16.8 /
-  18.9 ms against 15.2 / 18.7 / 22.8 (1 row: 11.4 both; ``scripts/kernel_ab.py``).
+  6/207, whose VDPBF16PS runs at half the FMA rate, SmolLM2's 121 projections at 2 / 3 / 4 / 6 / 8 rows took 11.0 /
+  12.0 / 13.1 / 16.1 / 18.8 ms against 11.7 / 13.1 / 15.0 / 18.7 / 22.6 (1 row, which never uses it: 11.1).
 
 Both were measured faster on the Zen 5 VM (full-width AVX-512; then ``prefetch`` fetched a whole group four ahead at
 once). On a Zen 4 VM (AVX-512 on 256-bit halves) that whole-group prefetch and ``pair_as_triple`` were slower
