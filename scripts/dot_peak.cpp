@@ -1,7 +1,9 @@
-// This CPU's peak rate for the two multiply-adds a bf16 projection could use, one thread, registers only:
-// VDPBF16PS (32 bf16 products a 512-bit instruction, what eyas/kernels/gguf_bf16.cpp runs) and VFMADD231PS
-// (16 float32 ones), twelve independent accumulators each. The block kernel's cost per extra verify row is
-// these products, so this is the floor under it (docs/benchmarks.md).
+// This CPU's peak rate for the multiply-adds a projection could use, one thread, registers only: VDPBF16PS (32 bf16
+// products a 512-bit instruction: eyas/kernels/gguf_bf16.cpp's one-row path), VFMADD231PS (16 float32 ones: its
+// several-row path where fma_rows is set) and VPDPBUSD (64 int8 ones: eyas/kernels/head_i8.cpp, lm_screen.cpp).
+// Twelve independent accumulators each, held in registers (named variables with distinct starting values: an
+// array of them was spilled to memory at -O2 and the loop timed store-to-load latency instead, which is what this
+// file measured before 2026-11-29 and why benchmarks.md once called the block kernel's rows "at the bf16 peak").
 //
 //   g++ -O2 -march=native scripts/dot_peak.cpp -o /tmp/dot_peak && /tmp/dot_peak
 #include <immintrin.h>
@@ -9,29 +11,60 @@
 #include <chrono>
 #include <cstdio>
 
+namespace {
+
+const long kIters = 20000000;  // 12 instructions each
+
+#define DOT_PEAK_12(T, OP)                                                                                        \
+  T a0 = init(0), a1 = init(1), a2 = init(2), a3 = init(3), a4 = init(4), a5 = init(5), a6 = init(6), a7 = init(7), \
+    a8 = init(8), a9 = init(9), a10 = init(10), a11 = init(11);                                                  \
+  auto t0 = std::chrono::steady_clock::now();                                                                    \
+  for (long r = 0; r < kIters; ++r) {                                                                            \
+    a0 = OP(a0); a1 = OP(a1); a2 = OP(a2); a3 = OP(a3); a4 = OP(a4); a5 = OP(a5);                                \
+    a6 = OP(a6); a7 = OP(a7); a8 = OP(a8); a9 = OP(a9); a10 = OP(a10); a11 = OP(a11);                            \
+    __asm__ volatile("" : "+v"(x), "+v"(y));                                                                     \
+  }                                                                                                              \
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();                 \
+  T all[12] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11};                                                \
+  unsigned char folded = 0; /* every accumulator observed: none is dead code */                                   \
+  for (int i = 0; i < 12 * 64; ++i) folded ^= reinterpret_cast<const unsigned char*>(all)[i];                    \
+  volatile unsigned char sink = folded;                                                                          \
+  (void)sink;
+
+void bf16() {
+  auto init = [](int i) { return _mm512_set1_ps(0.001f * i); };
+  __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), y = (__m512bh)_mm512_set1_epi16(0x3c00);
+#define OP(a) _mm512_dpbf16_ps(a, x, y)
+  DOT_PEAK_12(__m512, OP)
+#undef OP
+  std::printf("VDPBF16PS zmm  : %.2f G instructions/s = %5.1f G multiply-adds/s\n", 12 * kIters / s / 1e9,
+              32 * 12 * kIters / s / 1e9);
+}
+
+void f32() {
+  auto init = [](int i) { return _mm512_set1_ps(0.001f * i); };
+  __m512 x = _mm512_set1_ps(1.0001f), y = _mm512_set1_ps(0.9999f);
+#define OP(a) _mm512_fmadd_ps(x, y, a)
+  DOT_PEAK_12(__m512, OP)
+#undef OP
+  std::printf("VFMADD231PS zmm: %.2f G instructions/s = %5.1f G multiply-adds/s\n", 12 * kIters / s / 1e9,
+              16 * 12 * kIters / s / 1e9);
+}
+
+void i8() {
+  auto init = [](int i) { return _mm512_set1_epi32(i); };
+  __m512i x = _mm512_set1_epi8(3), y = _mm512_set1_epi8(2);
+#define OP(a) _mm512_dpbusd_epi32(a, x, y)
+  DOT_PEAK_12(__m512i, OP)
+#undef OP
+  std::printf("VPDPBUSD zmm   : %.2f G instructions/s = %5.1f G multiply-adds/s\n", 12 * kIters / s / 1e9,
+              64 * 12 * kIters / s / 1e9);
+}
+
+}  // namespace
+
 int main() {
-  const long n = 240000000;  // instructions per kind
-  __m512 acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(0.001f * i);
-  __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3c00);
-  auto t0 = std::chrono::steady_clock::now();
-  for (long r = 0; r < n / 12; ++r) {
-    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
-    __asm__ volatile("" : "+v"(a), "+v"(b));  // keep the loop from being folded
-  }
-  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  float sink = 0;
-  for (int i = 0; i < 12; ++i) sink += _mm512_reduce_add_ps(acc[i]);
-  std::printf("VDPBF16PS zmm  : %.2f G instructions/s = %.1f G multiply-adds/s\n", n / s / 1e9, 32 * n / s / 1e9);
-  __m512 fa = _mm512_set1_ps(1.0001f), fb = _mm512_set1_ps(0.9999f);
-  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(0.001f * i);
-  t0 = std::chrono::steady_clock::now();
-  for (long r = 0; r < n / 12; ++r) {
-    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(fa, fb, acc[i]);
-    __asm__ volatile("" : "+v"(fa), "+v"(fb));
-  }
-  s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (int i = 0; i < 12; ++i) sink += _mm512_reduce_add_ps(acc[i]);
-  std::printf("VFMADD231PS zmm: %.2f G instructions/s = %.1f G multiply-adds/s  (%g)\n", n / s / 1e9, 16 * n / s / 1e9,
-              sink);
+  bf16();
+  f32();
+  i8();
 }
