@@ -1,7 +1,8 @@
-"""Exact-mode float32 prefill on the GGUF-block kernel against the dense GEMM it replaced, alternating in one process.
+"""Exact-mode prefill on the GGUF-block kernel against the dense GEMM it replaced, alternating in one process.
 
 Since the float32 block kernel's AVX-512 build takes any number of rows (``eyas.models.gguf_blocks.f32_any_rows``),
-exact mode's prefill reads the blocks, unpadded. "dense" switches that off for a run (each chunk's projections padded
+and in bf16 where the kernel runs several rows in FMAs (``eyas.models.gguf_tuning.prefill_on_blocks``), exact mode's
+prefill reads the blocks, unpadded. "dense" switches that off for a run (each chunk's projections padded
 to the dense GEMM's row floor, MKL, as before). Per prompt: the median prefill time of each over ``--repeats``
 alternating runs (plain decoding, one new token; the speculative prefill adds the head's pass over the prompt, the
 same on both), and whether both give the same first token. Prompts: the tuning questions (never evaluation sets) and
@@ -13,6 +14,7 @@ python scripts/prefill_ab.py --questions /tmp/tune.jsonl --limit 6 \
 python scripts/prefill_ab.py --questions /tmp/tune.jsonl --limit 4 --pad 3
 python scripts/prefill_ab.py --rows 17,32,41,64,96,128   # the layers' 120 projections alone, best of 3 passes
 python scripts/prefill_ab.py --rows 8,32,64,128 --dtype bfloat16   # the same for bf16 (oneDNN against the blocks)
+python scripts/prefill_ab.py --questions /tmp/tune.jsonl --limit 8 --dtype bfloat16   # bf16 prompts, end to end
 """
 
 from __future__ import annotations
@@ -30,15 +32,15 @@ import eyas.models.exact as exact
 
 def prefill_ms(spec, prompt: str, dense: bool) -> tuple[float, int]:
     """One plain generation of one token: (prefill ms, first token id), the dense GEMM or the blocks."""
-    real = exact._f32_any_rows
+    real = exact._f32_any_rows, exact._bf16_any_rows
     if dense:
-        exact._f32_any_rows = lambda: False
+        exact._f32_any_rows = exact._bf16_any_rows = lambda: False
     try:
         t0 = time.perf_counter()
         r = spec.generate(prompt, max_new_tokens=1, speculate=False)
         total = time.perf_counter() - t0
     finally:
-        exact._f32_any_rows = real
+        exact._f32_any_rows, exact._bf16_any_rows = real
     return 1e3 * (r.prefill_seconds or total), r.token_ids[0]
 
 
@@ -80,9 +82,10 @@ def main() -> None:
     if a.rows and not prompts:  # the projections alone: the bf16 kernel takes every row count as well
         projections(spec, [int(r) for r in a.rows.split(",")])
         return
-    if not exact._f32_any_rows():
-        raise SystemExit("the float32 block kernel does not take every row count here (it needs AVX-512 and a "
-                         "float32 target with GGUF blocks): nothing to compare")
+    if not (exact._f32_any_rows() if a.dtype == "float32" else exact._bf16_any_rows()):
+        raise SystemExit("the block kernel does not take prefill here (float32: it needs AVX-512; bfloat16: the "
+                         "kernel's fma_rows, eyas.models.gguf_tuning.prefill_on_blocks; and a target with GGUF "
+                         "blocks): nothing to compare")
     print(f"exact mode {spec.exact}, dtype {a.dtype}")
     if a.rows:
         projections(spec, [int(r) for r in a.rows.split(",")])

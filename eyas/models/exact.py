@@ -23,6 +23,7 @@ from torch import nn
 from eyas.models.cpu import cpu_flags, cpu_name
 from eyas.models.gguf_blocks import F32_ROWS
 from eyas.models.gguf_blocks import f32_any_rows as _f32_any_rows
+from eyas.models.gguf_tuning import prefill_on_blocks as _bf16_any_rows
 
 # largest forward (tree nodes) exact mode checks; wider forwards are padded to it
 MAX_ROWS = 64
@@ -134,7 +135,8 @@ class DecodeFloors:
     """Exact mode's decode and verification forwards: projections with GGUF blocks (eyas.models.gguf_blocks)
     run on the row-invariant block kernel at any row count, unpadded; the others pad to ``floors`` as in prefill.
     Prefill keeps the padded dense GEMM for every projection that writes its cache, so a prompt's cache does not
-    depend on its chunking; its logit rows (the last token's, eyas.models.native) take these floors too.
+    depend on its chunking (unless the block kernel takes prefill too: ``linear``); its logit rows (the last
+    token's, eyas.models.native) take these floors too.
     """
 
     def __init__(self, floors: RowFloor) -> None:
@@ -147,15 +149,16 @@ class DecodeFloors:
 def linear(mod: nn.Module, x: torch.Tensor, floors: RowFloor | DecodeFloors | None) -> torch.Tensor:
     """x: [B, T, K] -> [B, T, N] through ``mod`` (nn.Linear or an int8 layer). With ``floors`` (exact mode),
     fewer rows than the probed floor are zero-padded so the GEMM runs the kernel every larger forward runs;
-    with ``DecodeFloors``, a projection with GGUF blocks takes the row-invariant block kernel instead, and in float32
-    with the kernel's AVX-512 build (``f32_any_rows``) every exact forward does, prefill included.
+    with ``DecodeFloors``, a projection with GGUF blocks takes the row-invariant block kernel instead, and every exact
+    forward does, prefill included, in float32 with the kernel's AVX-512 build (``f32_any_rows``) and in bf16 where
+    the kernel runs several rows in FMAs (``eyas.models.gguf_tuning.prefill_on_blocks``).
     """
     if floors is not None:
         # exact forwards run under inference mode on the model's own dtype and device, so the blocks' presence
         # decides (blocks_of's checks cost ~1 us a call, 121 calls a token)
         blocks = mod.__dict__.get("_eyas_blocks")
         if blocks is not None and not x.requires_grad and not x.is_cuda:
-            if x.dtype == torch.float32 and _f32_any_rows():
+            if (x.dtype == torch.float32 and _f32_any_rows()) or (x.dtype == torch.bfloat16 and _bf16_any_rows()):
                 return blocks.linear(x, mod.bias)  # row-invariant at any count: prefill too, unpadded
             if type(floors) is DecodeFloors and (
                     x.dtype == torch.bfloat16 or (x.dtype == torch.float32 and x.numel() <= F32_ROWS * x.shape[-1])):

@@ -11,7 +11,8 @@ forwards on it with no padding.
 
 Where it serves (``linear``): bf16 CPU inference, no autograd, a weight with blocks; in fast mode up to
 ``FAST_ROWS`` rows (past that oneDNN's blocked GEMM is faster), in exact mode's decode and verification
-forwards at every row count. Prefill keeps oneDNN. ``EYAS_GGUF_BLOCKS=0`` turns it off.
+forwards at every row count; prefill too where the kernel runs several rows in FMAs (eyas.models.gguf_tuning.
+prefill_on_blocks), else oneDNN. ``EYAS_GGUF_BLOCKS=0`` turns it off.
 
 float32 (CPUs without native bf16): the model is dequantised into float32 (540 MB a token for SmolLM2-135M) and
 ``eyas/kernels/gguf_f32.cpp`` rebuilds each float32 weight from its block the same way. It serves exactly where the

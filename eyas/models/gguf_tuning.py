@@ -166,3 +166,16 @@ def active() -> KernelTuning:
     """The setting the kernel runs with in this process (costs measured under another are stale)."""
     return _active
 
+
+def prefill_on_blocks() -> bool:
+    """Whether bf16 exact mode's prefill reads the GGUF blocks too (eyas.models.exact.linear) instead of oneDNN's
+    GEMM padded to its row floors: where the kernel runs several rows in FMAs (``fma_rows``). On the Intel Xeon 6/207
+    the layers' 120 projections then took 15.8 / 44.3 / 77.5 / 167.6 ms at 8 / 32 / 64 / 128 rows against oneDNN's
+    22.2 / 51.9 / 92.5 / 173.3 (``scripts/prefill_ab.py --rows 8,32,64,128 --dtype bfloat16``; under VDPBF16PS the
+    blocks were 1.06-1.17x slower past 32 rows). The block kernel is row-invariant, so a prompt's cache is the same
+    in any chunking, and the same bits a decoding step leaves for the same tokens (``scripts/decode_kv_check.py``).
+    A choice that changes bits (both sides' alike: lossless either way), decided by the cached tuning, so it is the
+    same in every process on a machine.
+    """
+    return _active.fma_rows
+
