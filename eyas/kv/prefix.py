@@ -7,9 +7,12 @@ by every request, and in a multi-turn chat every earlier turn (turn n's prompt b
 Reuse never changes a token. It runs only in exact mode, where a prompt's cache bits do not depend on how its
 prefill was chunked so long as chunks start on multiples of ``quantum`` (eyas.decode.PREFILL_QUANTUM;
 tests/test_prefill.py), so a hit is cut down to such a multiple and the rest is prefilled as usual. Only what
-prefill computed is kept, never a decoding step's keys: those differ from prefill's in the last bits (measured on
-the embedded default in bf16 exact mode, from the first generated position on), so in a chat the last answer and
-the new message are prefilled again; everything before them is reused.
+prefill computed is kept, never a decoding step's keys: where prefill runs on oneDNN those differ from prefill's in
+the last bits (measured on the embedded default in bf16 exact mode, from the first generated position on), so in a
+chat the last answer and the new message are prefilled again; everything before them is reused. (Where bf16 prefill
+reads the GGUF blocks, eyas.models.gguf_tuning.prefill_on_blocks, a decoding step's keys and values are a fresh
+prefill's bits, scripts/decode_kv_check.py, so answers could be kept too: not done yet, the drafter's features for
+decoded tokens would have to be recorded at commit.)
 
 The store holds whole prompts (tokens, keys/values, features), least recently used evicted first, within
 ``max_bytes``. A prompt that extends a stored one replaces it.

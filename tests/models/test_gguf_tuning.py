@@ -199,3 +199,22 @@ def test_a_heads_blocks_are_timed_only_when_nothing_set_the_tuning(tmp_path, mon
     assert gguf_tuning.tune_once(head) == KernelTuning(False, False) and timed == []
     monkeypatch.setattr(gguf_tuning, "_applied", False)  # a target without blocks (an HF directory)
     assert gguf_tuning.tune_once(head) == KernelTuning(False, True) and timed == [head]
+
+
+@needs_bf16
+@pytest.mark.skipif(KERNEL is None or not gguf_tuning.fma_exact(KERNEL), reason="VDPBF16PS is not two FMAs here")
+def test_bf16_exact_prefill_reads_the_blocks_only_under_fma_rows():
+    """Prefill's projections (exact mode, a row floor rather than DecodeFloors) take the block kernel where it runs
+    several rows in FMAs, oneDNN's GEMM otherwise."""
+    from eyas.models import exact
+
+    lin = layer("Q8_0", 64, 576, bias=True, seed=7)
+    blocks = lin.__dict__["_eyas_blocks"]
+    x = torch.randn(1, 24, 576, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    with torch.inference_mode():
+        gguf_tuning.apply(KERNEL, FMA_SETTINGS[0])
+        assert gguf_tuning.prefill_on_blocks()
+        assert torch.equal(exact.linear(lin, x, lambda m: 1), blocks.linear(x, lin.bias))
+        gguf_tuning.apply(KERNEL, KernelTuning())
+        assert not gguf_tuning.prefill_on_blocks()
+        assert torch.equal(exact.linear(lin, x, lambda m: 1), lin.dense(x))
