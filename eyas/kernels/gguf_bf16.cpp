@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "gguf_quants.h"
@@ -135,7 +136,7 @@ inline void micro(const uint16_t* const* x, const uint16_t* const* w, int64_t nb
 // even, denormal inputs read as zero and denormal results flushed: acc += x[2l+1] * w[2l+1], then acc += x[2l] * w[2l]
 // (Intel SDM). A bf16 is the high half of a float32, so the odd weight of a lane is its 32 bits masked, the even one
 // shifted up 16: the same two FMAs give the same bits, so long as no denormal appears. None does when every nonzero
-// |x| >= 2^-60 (fma_safe): GGUF weights are multiples of 2^-24 (fp16 scales and offsets), x then of 2^-67, their
+// |x| >= 2^-60 (split_rows): GGUF weights are multiples of 2^-24 (fp16 scales and offsets), x then of 2^-67, their
 // products of 2^-91, and every rounded sum of them a multiple of 2^-91 too, far above float32's 2^-126. On a CPU
 // whose VDPBF16PS issues at half the FMA rate (Intel Xeon 6/207: 44 against 88 G multiply-adds/s a core, scripts/
 // dot_peak.cpp), two FMAs cost what one VDPBF16PS does; x is split once per call (x32: per block, the 16 odd then the
@@ -277,7 +278,8 @@ bool fma_matches() {
     }
     if (trial % 4 == 0)  // cancellation: the odd product the negated even one (each lane's sum near zero)
       for (int j = 0; j < QK; j += 2) { x[j + 1] = x[j] ^ 0x8000; w[j + 1] = w[j]; }
-    __m512 acc = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>((127 - 10 + next() % 21) << 23 | (next() & 0x7FFFFF))));
+    const uint32_t acc_bits = (127 - 10 + next() % 21) << 23 | (next() & 0x7FFFFF);
+    const __m512 acc = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(acc_bits)));
     const __m512i xv = _mm512_loadu_si512(x), wv = _mm512_loadu_si512(w);
     _mm512_storeu_ps(a, _mm512_dpbf16_ps(acc, (__m512bh)xv, (__m512bh)wv));
     split_block(xv, x32);
@@ -326,8 +328,8 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor blocks, int64_t qtype, torch
   c10::BFloat16* od = out.data_ptr<c10::BFloat16>();
   const int64_t row_bytes = blocks.size(1), groups = (n + NB - 1) / NB;
   // several rows in FMAs where this CPU's tuning says so and x has no value that could make their bits differ
-  std::vector<float> x32v(tuning.fma_rows && m > 1 ? static_cast<size_t>(m * k) : 0);
-  const float* x32 = !x32v.empty() && split_rows(xd, m * k, x32v.data()) ? x32v.data() : nullptr;
+  std::unique_ptr<float[]> x32v(tuning.fma_rows && m > 1 ? new float[m * k] : nullptr);  // not zeroed: all written
+  const float* x32 = x32v && split_rows(xd, m * k, x32v.get()) ? x32v.get() : nullptr;
   at::parallel_for(0, groups, 8, [&](int64_t g0, int64_t g1) {
     // the dequantised weights on a 4 KiB boundary: where malloc put them, their stores could alias (in the low 12
     // address bits) the loads of x that follow, and a call's time changed with x's address by up to 17 % (Zen 4, 1
@@ -346,7 +348,8 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor blocks, int64_t qtype, torch
       for (int64_t i0 = 0; i0 < m; i0 += MAX_M) {  // rows in chunks: each row's sums are the same in any chunk
         const int64_t mc = std::min<int64_t>(MAX_M, m - i0);
         if (nr == NB) {  // then the bias in float32 and one rounding to nearest even, as below
-          group<NB>(xd + i0 * k, x32 ? x32 + i0 * k : nullptr, mc, ws, k, bb, qtype, buf, acc, NB, i0 == 0 ? pf : nullptr);
+          const float* x32c = x32 ? x32 + i0 * k : nullptr;
+          group<NB>(xd + i0 * k, x32c, mc, ws, k, bb, qtype, buf, acc, NB, i0 == 0 ? pf : nullptr);
           const __m128 bias4 = bd ? _mm_loadu_ps(bd + j0) : _mm_setzero_ps();
           for (int64_t i = 0; i < mc; ++i) {
             const __m128 v = _mm_loadu_ps(acc + i * NB);
@@ -379,8 +382,8 @@ bool fma_rows_exact() {
 
 void set_tuning(bool prefetch, bool pair_as_triple, bool fma_rows) {
 #ifdef EYAS_GGUF_BF16
-  TORCH_CHECK(!fma_rows || fma_rows_exact(), "gguf_bf16.set_tuning: fma_rows needs this CPU's VDPBF16PS to give the bits "
-              "of two float32 FMAs (fma_matches() is false here)");
+  TORCH_CHECK(!fma_rows || fma_rows_exact(), "gguf_bf16.set_tuning: fma_rows needs this CPU's VDPBF16PS to give ",
+              "the bits of two float32 FMAs (fma_rows_exact() is false here)");
   tuning.prefetch = prefetch;
   tuning.pair_as_triple = pair_as_triple;
   tuning.fma_rows = fma_rows;
