@@ -5,7 +5,7 @@ Per prompt and per side (plain, speculative with the default drafter): decode ``
 prompt and the answer afresh, and print whether the two caches are equal and the first position where they differ.
 
 python scripts/decode_kv_check.py "Write a short story about a robot learning to paint." "What is 12 times 12?"
-python scripts/decode_kv_check.py --blocks-prefill "..."   # what if bf16 exact prefill read the GGUF blocks too
+python scripts/decode_kv_check.py --blocks-prefill "..."   # bf16 exact prefill on the GGUF blocks, where it is not
 """
 
 from __future__ import annotations
@@ -25,19 +25,13 @@ def first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
 
 
 def blocks_prefill() -> None:
-    """A what-if: exact mode's bf16 prefill on the row-invariant GGUF-block kernel (decoding's), not oneDNN."""
+    """A what-if where it is not already so: exact mode's bf16 prefill on the row-invariant GGUF-block kernel
+    (decoding's) instead of oneDNN, through the switch eyas.models.exact.linear reads (gguf_tuning.prefill_on_blocks,
+    on by itself where the kernel runs several rows in FMAs).
+    """
     import eyas.models.exact as exact
-    import eyas.models.native as native
 
-    dense = exact.linear
-
-    def linear(mod, x, floors):
-        blocks = mod.__dict__.get("_eyas_blocks")
-        if floors is not None and blocks is not None and x.dtype == torch.bfloat16 and not x.requires_grad:
-            return blocks.linear(x, mod.bias)
-        return dense(mod, x, floors)
-
-    native.linear = linear
+    exact._bf16_any_rows = lambda: True
 
 
 def main() -> None:

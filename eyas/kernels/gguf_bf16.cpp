@@ -255,8 +255,7 @@ bool split_rows(const uint16_t* x, int64_t count, float* x32) {
     const __mmask16 bad = (_mm512_cmpgt_epi32_mask(tiny, ao) & _mm512_test_epi32_mask(ao, ao)) |
                           (_mm512_cmpgt_epi32_mask(tiny, ae) & _mm512_test_epi32_mask(ae, ae));
     if (bad) return false;
-    _mm512_storeu_ps(x32 + QK * b, _mm512_castsi512_ps(odd));
-    _mm512_storeu_ps(x32 + QK * b + 16, _mm512_castsi512_ps(even));
+    split_block(v, x32 + QK * b);
   }
   return true;
 }
@@ -347,8 +346,8 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor blocks, int64_t qtype, torch
       const uint8_t* pf = tuning.prefetch && m > 1 && g + PF_GROUPS < g1 ? ws[0] + PF_GROUPS * NB * row_bytes : nullptr;
       for (int64_t i0 = 0; i0 < m; i0 += MAX_M) {  // rows in chunks: each row's sums are the same in any chunk
         const int64_t mc = std::min<int64_t>(MAX_M, m - i0);
+        const float* x32c = x32 ? x32 + i0 * k : nullptr;  // this chunk's rows, split (or null: VDPBF16PS)
         if (nr == NB) {  // then the bias in float32 and one rounding to nearest even, as below
-          const float* x32c = x32 ? x32 + i0 * k : nullptr;
           group<NB>(xd + i0 * k, x32c, mc, ws, k, bb, qtype, buf, acc, NB, i0 == 0 ? pf : nullptr);
           const __m128 bias4 = bd ? _mm_loadu_ps(bd + j0) : _mm_setzero_ps();
           for (int64_t i = 0; i < mc; ++i) {
@@ -357,7 +356,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor blocks, int64_t qtype, torch
           }
         } else {
           for (int64_t j = 0; j < nr; ++j)
-            group<1>(xd + i0 * k, x32 ? x32 + i0 * k : nullptr, mc, ws + j, k, bb, qtype, buf, acc + j, NB, nullptr);
+            group<1>(xd + i0 * k, x32c, mc, ws + j, k, bb, qtype, buf, acc + j, NB, nullptr);
           for (int64_t i = 0; i < mc; ++i)  // bias in float32, then one rounding to nearest even
             for (int64_t j = 0; j < nr; ++j)
               od[(i0 + i) * n + j0 + j] = c10::BFloat16(bd ? acc[i * NB + j] + bd[j0 + j] : acc[i * NB + j]);

@@ -1,6 +1,6 @@
 """The GGUF-block kernel's per-CPU choices, timed once per machine on the loaded target's own projections.
 
-``eyas/kernels/gguf_bf16.cpp`` has two ways of running several rows that change no bit (every accumulator's
+``eyas/kernels/gguf_bf16.cpp`` has three ways of running several rows that change no bit (every accumulator's
 chain is the same either way) but whose speed depends on the CPU:
 
 * ``prefetch``: with several rows, each block's dequantisation prefetches the same block of the weight group two
@@ -17,11 +17,12 @@ once). On a Zen 4 VM (AVX-512 on 256-bit halves) that whole-group prefetch and `
 (SmolLM2's 121 projections at 2 rows 9.44 ms with both against 7.02 ms with neither); the prefetch spread one a
 block measured 0.99x the time without it at 2-3 rows and 0.94 / 0.93 / 0.90x at 4 / 6 / 8 (2026-11-28,
 ``scripts/kernel_ab.py --base HEAD --base-tuning 0,0 --tuning 1,0``). So the first load on a machine times the four
-settings at 2, 3, 4 and 6 rows (the verify widths speculative steps use most, and a wider one where the prefetch
-pays most), best of 5 rounds, about 5 s, and caches the fastest under ``$EYAS_CACHE/kernel_tuning/`` keyed by CPU,
-threads and the kernels' sources. ``pair_as_triple`` is decided on the 2-row time alone (no other width of a verify
-tree up to 9 nodes runs a 2-row block): summed over every width, the noise at the others outweighed it, and a Zen 4
-VM kept 2 rows as a triple at 8.7 ms where a pair cost 8.3 (``scripts/projection_cost.py``).
+settings (six where ``fma_rows`` may run) at 2, 3, 4 and 6 rows (the verify widths speculative steps use most, and
+a wider one where the prefetch pays most), best of 5 rounds, about 5-8 s, and caches the fastest under
+``$EYAS_CACHE/kernel_tuning/`` keyed by CPU, threads and the kernels' sources. ``pair_as_triple`` is decided on the
+2-row time alone (no other width of a verify tree up to 9 nodes runs a 2-row block): summed over every width, the
+noise at the others outweighed it, and a Zen 4 VM kept 2 rows as a triple at 8.7 ms where a pair cost 8.3
+(``scripts/projection_cost.py``).
 ``fma_rows`` is judged on every width, against the better pair setting of the same prefetch.
 ``EYAS_GGUF_TUNING=PREFETCH,PAIR[,FMA]`` (e.g. ``0,0``) sets it by hand and skips the timing.
 """
@@ -110,6 +111,7 @@ def time_settings(kernel, blocks: list, rows=ROWS, rounds: int = 5, repeats: int
 
 
 def set_on(kernel, s: KernelTuning) -> None:
+    """Set ``s`` on ``kernel`` (no bookkeeping: ``apply`` records what the process runs with)."""
     if s.fma_rows:
         kernel.set_tuning(s.prefetch, s.pair_as_triple, True)
     else:  # also a kernel built before fma_rows (scripts/kernel_ab.py's base)
@@ -130,7 +132,7 @@ def tune_block_kernel(model: nn.Module, cache_dir: Path | None = None, kernel=No
     shapes = sorted({(b.qtype, *b.data.shape) for b in blocks})
 
     def measure() -> dict:
-        one_time_note("timing the bf16 block kernel's options on this CPU", "~5 s")
+        one_time_note("timing the bf16 block kernel's options on this CPU", "~5-8 s")
         seconds = time_settings(kernel, blocks, settings=settings_for(kernel))
         timed = [{**asdict(s), "ms_by_rows": {r: round(1e3 * v, 3) for r, v in by_rows.items()}}
                  for s, by_rows in seconds.items()]
