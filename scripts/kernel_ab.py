@@ -12,8 +12,8 @@ drafter, 160 prompt tokens), median of 12 steps, w = 1 (plain decoding's step) a
 process's block kernel swapped between the two builds round by round: what a verify forward costs end to end
 (attention, norms, Python included), without the noise of comparing two processes.
 
-``--tuning`` / ``--base-tuning``: PREFETCH,PAIR[,FMA] as ``EYAS_GGUF_TUNING`` (default: what eyas picks for this
-machine, for both). The earlier source is built with eyas's own flags into a temporary directory.
+``--tuning`` / ``--base-tuning``: PREFETCH,PAIR[,FMA[,PREFETCH_ONE]] as ``EYAS_GGUF_TUNING`` (default: what eyas
+picks for this machine, for both). The earlier source is built with eyas's own flags into a temporary directory.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2,3,4,5,6,8")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--tuning", help="PREFETCH,PAIR[,FMA] for the working tree's build (default: eyas's choice)")
-    ap.add_argument("--base-tuning", help="PREFETCH,PAIR[,FMA] for the base build (default: eyas's choice)")
+    ap.add_argument("--tuning", help="PREFETCH,PAIR[,FMA[,ONE]] for the working tree's build (default: eyas's choice)")
+    ap.add_argument("--base-tuning", help="PREFETCH,PAIR[,FMA[,ONE]] for the base build (default: eyas's choice)")
     ap.add_argument("--steps", action="store_true", help="time exact-mode decoding steps by tree width instead")
     a = ap.parse_args()
     rows = [int(r) for r in a.rows.split(",")]

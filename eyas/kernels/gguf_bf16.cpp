@@ -107,10 +107,13 @@ constexpr int PF_GROUPS = 2;  // software prefetch distance, in groups
 //   pair_as_triple: 2 rows run as a 3-row block, the third repeating the second into scratch (Zen 5: 2-row chains
 //             measured slower than 3-row ones; Zen 4, double-pumped AVX-512, pays for the extra row's math)
 //   fma_rows: several rows multiply in float32 FMAs instead of VDPBF16PS (below); set only where fma_matches() holds.
+//   prefetch_one: one row (plain decoding) prefetches as several rows do. Measured no better on Zen 5; on an Intel
+//             Xeon 6/207 the 121 projections at one row took 8.9 ms with it against 10.7-11.3 without.
 struct Tuning {
   bool prefetch = true;
   bool pair_as_triple = true;
   bool fma_rows = false;
+  bool prefetch_one = false;
 };
 Tuning tuning;
 
@@ -341,9 +344,10 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor blocks, int64_t qtype, torch
       const int64_t j0 = g * NB, nr = std::min<int64_t>(NB, n - j0);
       const uint8_t* ws[NB];
       for (int64_t j = 0; j < nr; ++j) ws[j] = wd + (j0 + j) * row_bytes;
-      // the group PF_GROUPS ahead, fetched while this one computes (several rows; one row measured no better),
-      // where this CPU gains from it (tuning.prefetch)
-      const uint8_t* pf = tuning.prefetch && m > 1 && g + PF_GROUPS < g1 ? ws[0] + PF_GROUPS * NB * row_bytes : nullptr;
+      // the group PF_GROUPS ahead, fetched while this one computes, where this CPU gains from it (tuning.prefetch
+      // for several rows, tuning.prefetch_one for one)
+      const bool fetch = m > 1 ? tuning.prefetch : tuning.prefetch_one;
+      const uint8_t* pf = fetch && g + PF_GROUPS < g1 ? ws[0] + PF_GROUPS * NB * row_bytes : nullptr;
       for (int64_t i0 = 0; i0 < m; i0 += MAX_M) {  // rows in chunks: each row's sums are the same in any chunk
         const int64_t mc = std::min<int64_t>(MAX_M, m - i0);
         const float* x32c = x32 ? x32 + i0 * k : nullptr;  // this chunk's rows, split (or null: VDPBF16PS)
@@ -379,13 +383,14 @@ bool fma_rows_exact() {
 #endif
 }
 
-void set_tuning(bool prefetch, bool pair_as_triple, bool fma_rows) {
+void set_tuning(bool prefetch, bool pair_as_triple, bool fma_rows, bool prefetch_one) {
 #ifdef EYAS_GGUF_BF16
   TORCH_CHECK(!fma_rows || fma_rows_exact(), "gguf_bf16.set_tuning: fma_rows needs this CPU's VDPBF16PS to give ",
               "the bits of two float32 FMAs (fma_rows_exact() is false here)");
   tuning.prefetch = prefetch;
   tuning.pair_as_triple = pair_as_triple;
   tuning.fma_rows = fma_rows;
+  tuning.prefetch_one = prefetch_one;
 #endif
 }
 
@@ -403,8 +408,9 @@ bool available() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "x @ W.T + bias, bf16 rows x, W as GGUF Q4_0/Q4_1/Q8_0 blocks (AVX512-BF16)");
   m.def("dequantize", &dequantize, "GGUF blocks -> the bf16 weights the kernel multiplies with");
-  m.def("set_tuning", &set_tuning, "per-CPU speed choices that change no bit: prefetch, pair_as_triple, fma_rows",
-        py::arg("prefetch"), py::arg("pair_as_triple"), py::arg("fma_rows") = false);
+  m.def("set_tuning", &set_tuning,
+        "per-CPU speed choices that change no bit: prefetch, pair_as_triple, fma_rows, prefetch_one",
+        py::arg("prefetch"), py::arg("pair_as_triple"), py::arg("fma_rows") = false, py::arg("prefetch_one") = false);
   m.def("fma_rows_exact", &fma_rows_exact, "whether this CPU's VDPBF16PS gives two float32 FMAs' bits (fma_rows)");
   m.def("available", &available, "whether linear was built (AVX512-BF16 and F16C at compile time)");
   m.def("block_bytes", &block_bytes, "bytes per 32-weight block of a GGML type");

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,7 +12,15 @@ from torch import nn
 
 from eyas.models import gguf_tuning
 from eyas.models.gguf_blocks import GGUFBlocks
-from eyas.models.gguf_tuning import FMA_SETTINGS, SETTINGS, KernelTuning, pick, settings_for, tune_block_kernel
+from eyas.models.gguf_tuning import (
+    FMA_SETTINGS,
+    SETTINGS,
+    KernelTuning,
+    pick,
+    pick_one_row,
+    settings_for,
+    tune_block_kernel,
+)
 
 from .test_gguf_blocks import KERNEL, TYPES, layer, needs_bf16
 
@@ -36,7 +45,7 @@ def test_every_setting_gives_the_same_bits_at_every_row_count(qtype):
     x = torch.randn(12, lin.in_features, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     gguf_tuning.apply(KERNEL, KernelTuning())
     ref = {m: blocks.linear(x[:m], lin.bias).view(torch.int16) for m in range(1, 13)}
-    for s in settings_for(KERNEL):
+    for s in (*settings_for(KERNEL), *(replace(s, prefetch_one=True) for s in settings_for(KERNEL))):
         gguf_tuning.apply(KERNEL, s)
         assert gguf_tuning.active() == s
         for m in range(1, 13):
@@ -80,7 +89,7 @@ def test_several_rows_keep_the_instructions_order_of_products():
     x = torch.zeros(3, 64)
     x[:, 0], x[:, 32], x[:, 33] = 0.75, -(2.0 ** 24), 2.0 ** 24
     x = x.to(torch.bfloat16)
-    for s in settings_for(KERNEL):
+    for s in (*settings_for(KERNEL), *(replace(s, prefetch_one=True) for s in settings_for(KERNEL))):
         gguf_tuning.apply(KERNEL, s)
         one = blocks.linear(x[:1], None)
         assert torch.equal(blocks.linear(x, None), one.expand(3, -1)), s
@@ -138,25 +147,35 @@ def test_pair_as_triple_is_judged_on_two_rows_alone():
 def test_tuning_from_the_environment_is_parsed_or_refused_with_the_fix():
     assert KernelTuning.parse("0,1") == KernelTuning(prefetch=False, pair_as_triple=True)
     assert KernelTuning.parse("1, 0, 1") == KernelTuning(prefetch=True, pair_as_triple=False, fma_rows=True)
-    for bad in ("fast", "1", "1,0,1,1", "1,2"):
+    assert KernelTuning.parse("0,0,0,1") == KernelTuning(False, False, False, prefetch_one=True)
+    for bad in ("fast", "1", "1,0,1,1,0", "1,2"):
         with pytest.raises(ValueError, match="PREFETCH,PAIR_AS_TRIPLE"):
             KernelTuning.parse(bad)
 
 
+def test_one_rows_prefetch_is_its_own_decision_and_a_tie_keeps_it_off():
+    off = KernelTuning(prefetch=False, pair_as_triple=False)
+    on = replace(off, prefetch_one=True)
+    assert pick_one_row({off: {1: 1.0}, on: {1: 1.0}}) == off
+    assert pick_one_row({off: {1: 1.0}, on: {1: 0.8}}) == on
+    assert pick_one_row({on: {1: 0.8}, off: {1: 0.7}}) == off
+
+
 class FakeKernel:
-    """Records set_tuning; linear is slow under prefetch (so timing picks prefetch off)."""
+    """Records set_tuning; several rows are slow under prefetch, one row is slow without prefetch_one (so timing
+    picks prefetch off and prefetch_one on: the two are decided apart)."""
 
     def __init__(self):
-        self.calls, self.prefetch = [], True
+        self.calls, self.prefetch, self.prefetch_one = [], True, False
 
-    def set_tuning(self, prefetch, pair, fma_rows=False):
+    def set_tuning(self, prefetch, pair, fma_rows=False, prefetch_one=False):
         assert not fma_rows  # no fma_rows_exact: never offered
-        self.calls.append((prefetch, pair))
-        self.prefetch = prefetch
+        self.calls.append((prefetch, pair, prefetch_one))
+        self.prefetch, self.prefetch_one = prefetch, prefetch_one
 
     def linear(self, x, data, qtype, bias):
-        if self.prefetch:
-            sum(range(20000))  # burn time: the prefetch settings lose
+        if (self.prefetch if x.shape[0] > 1 else not self.prefetch_one):
+            sum(range(20000))  # burn time: these settings lose
         return x
 
 
@@ -171,13 +190,15 @@ def test_the_choice_is_timed_once_then_read_from_the_cache(tmp_path, monkeypatch
     fake = FakeKernel()
     model = nn.Sequential(block_model())
     got = tune_block_kernel(model, tmp_path, kernel=fake)
-    assert got.prefetch is False
+    assert got.prefetch is False and got.prefetch_one is True
     files = list(tmp_path.glob("*.json"))
-    assert len(files) == 1 and json.loads(files[0].read_text())["choice"] == {
-        "prefetch": False, "pair_as_triple": got.pair_as_triple, "fma_rows": False}
+    record = json.loads(files[0].read_text())
+    assert len(files) == 1 and record["choice"] == {
+        "prefetch": False, "pair_as_triple": got.pair_as_triple, "fma_rows": False, "prefetch_one": True}
+    assert {1, 2, 3, 4, 6} <= {int(r) for t in record["timed"] for r in t["ms_by_rows"]}
     fake2 = FakeKernel()
     assert tune_block_kernel(model, tmp_path, kernel=fake2) == got
-    assert fake2.calls == [(got.prefetch, got.pair_as_triple)]  # no timing: one call, the cached choice
+    assert fake2.calls == [(got.prefetch, got.pair_as_triple, True)]  # no timing: one call, the cached choice
     monkeypatch.setenv("EYAS_GGUF_TUNING", "1,1")
     assert tune_block_kernel(model, tmp_path, kernel=fake2) == KernelTuning(True, True)
     assert tune_block_kernel(nn.Linear(4, 4), tmp_path, kernel=fake2) is None  # no block projections
