@@ -77,6 +77,7 @@ def main() -> None:
         xs = {r: [torch.randn(r, b.k, generator=torch.Generator().manual_seed(r)).bfloat16() for b in blocks]
               for r in rows}
         empty = torch.empty(0)
+        operands = {name: [layout(k, b) for b in blocks] for name, k in builds.items()}
         best = {(name, r): float("inf") for name in builds for r in rows}
         with torch.inference_mode():
             for _ in range(a.rounds):
@@ -85,12 +86,12 @@ def main() -> None:
                     for r in rows:
                         t = time.perf_counter()
                         for _ in range(a.repeats):
-                            for b, x in zip(blocks, xs[r], strict=True):
-                                k.linear(x, b.data, b.qtype, empty)
+                            for (data, code), x in zip(operands[name], xs[r], strict=True):
+                                k.linear(x, data, code, empty)
                         best[(name, r)] = min(best[(name, r)], (time.perf_counter() - t) / a.repeats)
-            same = all(torch.equal(base.linear(x, b.data, b.qtype, empty).view(torch.int16),
-                                   new.linear(x, b.data, b.qtype, empty).view(torch.int16))
-                       for b, x in zip(blocks, xs[rows[-1]], strict=True))
+            same = all(torch.equal(base.linear(x, *old, empty).view(torch.int16),
+                                   new.linear(x, *now, empty).view(torch.int16))
+                       for old, now, x in zip(operands["base"], operands["new"], xs[rows[-1]], strict=True))
     print(f"{len(blocks)} projections, ms by rows (best of {a.rounds} rounds x {a.repeats}):")
     for name in builds:
         print(f"  {name:4} {a.base if name == 'base' else 'tree':>8} {tunings[name]}:",
@@ -99,6 +100,13 @@ def main() -> None:
     print(f"  outputs at {rows[-1]} rows bit-identical: {same}")
     if not same:
         raise SystemExit(1)
+
+
+def layout(kernel, b: gguf_blocks.GGUFBlocks) -> tuple[torch.Tensor, int]:
+    """(blocks, type code) as ``kernel`` reads them: its packed layout of Q4 blocks where it has one."""
+    if b.qtype in gguf_blocks._PACKABLE and hasattr(kernel, "pack"):
+        return kernel.pack(b.data, b.qtype, b.k), kernel.packed_type() + b.qtype
+    return b.data, b.qtype
 
 
 def time_steps(model, builds: dict, tunings: dict, widths: list[int], rounds: int) -> None:
@@ -114,6 +122,9 @@ def time_steps(model, builds: dict, tunings: dict, widths: list[int], rounds: in
     for _ in range(rounds):
         for name, k in builds.items():
             gguf_blocks._kernel.value = k  # every block projection of the process now runs on this build
+            for mod in model.modules():  # ... in its own layout, made again at the first call
+                if (b := mod.__dict__.get("_eyas_blocks")) is not None:
+                    b.__dict__.pop("_packed", None)
             gguf_tuning.set_on(k, tunings[name])
             median_step(widths[0])  # warm-up after the swap
             for w in widths:

@@ -41,6 +41,7 @@ FAST_ROWS = 8
 # float32 without AVX-512: the most rows ``eyas/kernels/gguf_f32.cpp`` takes (its MAX_ROWS, the streaming kernel's)
 F32_ROWS = 32
 _SUPPORTED = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}  # GGML type name -> id
+_PACKABLE = (2, 3)  # Q4_0, Q4_1: types the bf16 kernel reads in its own layout (GGUFBlocks.operands)
 
 # fused native projection -> the GGUF tensors concatenated into it, in row order
 _LAYER_PARTS = {
@@ -61,8 +62,24 @@ class GGUFBlocks:
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x: [..., K] bf16 or float32 (at most the float32 kernel's ``max_rows()`` rows) -> [..., N], x's dtype."""
-        out = _KERNELS[x.dtype]().linear(x.reshape(-1, self.k), self.data, self.qtype, _EMPTY if bias is None else bias)
+        data, code = self.operands(x.dtype)
+        out = _KERNELS[x.dtype]().linear(x.reshape(-1, self.k), data, code, _EMPTY if bias is None else bias)
         return out.view(*x.shape[:-1], out.shape[1])
+
+    def operands(self, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
+        """(blocks, type code) the kernel for ``dtype`` reads: for bf16 and Q4 types the bf16 kernel's packed layout
+        (the same bytes regrouped: a row's nibbles, then its scales; made at the first call and kept, ``pack`` in
+        eyas/kernels/gguf_bf16.cpp), else ``data`` and ``qtype`` as the GGUF file has them.
+        """
+        packed = self.__dict__.get("_packed")
+        if packed is not None and dtype == torch.bfloat16:
+            return packed
+        kernel = _kernel() if dtype == torch.bfloat16 and self.qtype in _PACKABLE else None
+        if kernel is None or not hasattr(kernel, "pack"):  # (a build before the layout: scripts/kernel_ab.py's base)
+            return self.data, self.qtype
+        packed = (kernel.pack(self.data, self.qtype, self.k), kernel.packed_type() + self.qtype)
+        self.__dict__["_packed"] = packed
+        return packed
 
     @classmethod
     def cat(cls, parts: list[GGUFBlocks]) -> GGUFBlocks:

@@ -110,12 +110,13 @@ def time_settings(kernel, blocks: list, rows=ROWS, rounds: int = 5, repeats: int
     """
     xs = {r: [torch.randn(r, b.k, generator=torch.Generator().manual_seed(r)).bfloat16() for b in blocks] for r in rows}
     empty = torch.empty(0)
+    operands = [b.operands(torch.bfloat16) for b in blocks]  # what the model's calls read
 
     def side(s: KernelTuning, r: int):
         def run() -> None:  # every projection once at r rows under setting s
             set_on(kernel, s)
-            for b, x in zip(blocks, xs[r], strict=True):
-                kernel.linear(x, b.data, b.qtype, empty)
+            for (data, code), x in zip(operands, xs[r], strict=True):
+                kernel.linear(x, data, code, empty)
         return run
 
     with torch.inference_mode():

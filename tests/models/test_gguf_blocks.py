@@ -67,6 +67,43 @@ def test_linear_is_row_invariant_and_computes_with_the_weights(qtype, bias):
 
 
 @needs_bf16
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
+@pytest.mark.parametrize("k", [32, 576, 1536])  # 1, 18 and 48 blocks: a row's scales in 16s with a tail, or none
+def test_the_packed_q4_layout_gives_the_gguf_layouts_bits(qtype, k):
+    """The bf16 kernel's packed layout (nibbles, then scales) is the same bytes regrouped: every output of every row
+    count, bias included, equal to the GGUF layout's, and GGUFBlocks.linear reads the packed one (made once)."""
+    raw = torch.from_numpy(random_blocks(qtype, 37, k, seed=k))
+    code = TYPES[qtype][0]
+    packed = KERNEL.pack(raw, code, k)
+    assert packed.shape == raw.shape and not torch.equal(packed, raw)
+    nblk, size = k // 32, raw.shape[1] // (k // 32)
+    scales = raw.view(37, nblk, size)[:, :, :2].reshape(37, -1)  # every block's d, then the nibbles apart
+    assert torch.equal(packed[:, 16 * nblk : 18 * nblk], scales)
+    x = (4 * torch.randn(9, k, generator=torch.Generator().manual_seed(1))).to(torch.bfloat16)
+    bias = torch.randn(37).to(torch.bfloat16)
+    for m in range(1, 10):
+        for b in (torch.empty(0), bias):
+            want = KERNEL.linear(x[:m], raw, code, b)
+            got = KERNEL.linear(x[:m], packed, KERNEL.packed_type() + code, b)
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (m, b.numel())
+    blocks = GGUFBlocks(data=raw, qtype=code, k=k)
+    data, got_code = blocks.operands(torch.bfloat16)
+    assert torch.equal(data, packed) and got_code == KERNEL.packed_type() + code
+    assert blocks.operands(torch.bfloat16)[0] is data  # packed once
+    assert blocks.operands(torch.float32) == (raw, code)  # the float32 kernel reads the GGUF layout
+    assert torch.equal(blocks.linear(x, None).view(torch.int16), KERNEL.linear(x, raw, code, torch.empty(0)).view(
+        torch.int16))
+
+
+def test_pack_refuses_what_it_cannot_pack():
+    raw = torch.from_numpy(random_blocks("Q8_0", 4, 64))
+    with pytest.raises(RuntimeError, match="Q4_0 or Q4_1"):
+        KERNEL.pack(raw, 8, 64)
+    with pytest.raises(RuntimeError, match="blocks \\[N, K / 32"):
+        KERNEL.pack(torch.zeros(4, 41, dtype=torch.uint8), 3, 64)
+
+
+@needs_bf16
 @pytest.mark.parametrize("n", [8, 9])  # whole groups of 4 (the vector rounding) and a last group of 1 (c10's)
 def test_output_rounding_is_torchs_for_ties_nan_and_inf(n):
     """Sums exact in float32 (integers) that bf16 must round: ties to even, NaN as 0x7FC0, infinities kept."""
