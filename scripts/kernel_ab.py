@@ -125,6 +125,7 @@ def time_steps(model, builds: dict, tunings: dict, widths: list[int], rounds: in
             for mod in model.modules():  # ... in its own layout, made again at the first call
                 if (b := mod.__dict__.get("_eyas_blocks")) is not None:
                     b.__dict__.pop("_packed", None)
+            model.__dict__.pop("_decode_plan", None)  # and the plan, which holds the kernel and the layouts
             gguf_tuning.set_on(k, tunings[name])
             median_step(widths[0])  # warm-up after the swap
             for w in widths:

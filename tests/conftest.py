@@ -84,19 +84,21 @@ def random_blocks(qtype: str, n: int, k: int, seed: int = 0):
 
 def spy_target_block_rows(monkeypatch, model) -> list[int]:
     """A list that fills with the row count of every GGUF-block projection ``model`` runs from now on (the target's
-    own blocks only: a draft head's Q8_0 blocks are not counted)."""
-    from eyas.models.gguf_blocks import GGUFBlocks
+    own blocks only: a draft head's Q8_0 blocks are not counted), through its modules or its decode plan alike: the
+    block kernels' ``linear`` is watched for the target's blocks, as the GGUF file has them or packed."""
+    from eyas import kernels
 
-    target = {id(m.__dict__["_eyas_blocks"]) for m in model.modules() if "_eyas_blocks" in m.__dict__}
+    blocks = [m.__dict__["_eyas_blocks"] for m in model.modules() if "_eyas_blocks" in m.__dict__]
+    target = {id(b.data) for b in blocks} | {id(b.operands(model.dtype)[0]) for b in blocks}
     rows: list[int] = []
-    real = GGUFBlocks.linear
+    for kernel in {kernels.gguf_bf16(), kernels.gguf_f32()} - {None}:
 
-    def spy(self, x, b):
-        if id(self) in target:
-            rows.append(x.reshape(-1, x.shape[-1]).shape[0])
-        return real(self, x, b)
+        def spy(x, data, *rest, real=kernel.linear):
+            if id(data) in target:
+                rows.append(x.shape[0])
+            return real(x, data, *rest)
 
-    monkeypatch.setattr(GGUFBlocks, "linear", spy)
+        monkeypatch.setattr(kernel, "linear", spy)
     return rows
 
 

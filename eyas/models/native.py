@@ -17,6 +17,7 @@ from eyas.kv.static import KVCache
 from eyas.models.attention import KV_BLOCK, AttnMeta, attend, fused_path_attend, round_up
 from eyas.models.base import ForwardMeta, ForwardOutput, PathAttention, TargetModel, causal_mask
 from eyas.models.config import ModelConfig
+from eyas.models.decode_plan import DecodePlan
 from eyas.models.exact import DecodeFloors, RowFloor, linear
 from eyas.models.layers import (  # noqa: F401  (re-exported: the heads build on these)
     MLP,
@@ -213,6 +214,14 @@ class NativeLlama(nn.Module, TargetModel):
             self._path_kernel = mod
         return self._path_kernel
 
+    def decode_plan(self) -> DecodePlan | None:
+        """The layers' kernel calls gathered once for exact-mode forwards of one sequence (eyas.models.decode_plan),
+        made at the first forward (the blocks are attached at load); None where some piece is not a compiled kernel.
+        """
+        if "_decode_plan" not in self.__dict__:
+            self.__dict__["_decode_plan"] = DecodePlan.build(self)
+        return self.__dict__["_decode_plan"]
+
     def new_cache(self, batch: int, max_slots: int, dtype: torch.dtype | None = None) -> KVCache:
         """``dtype``: the cache's, default ``kv_dtype`` (``decode_kv_dtype`` for batched one-token decoding)."""
         c = self.config
@@ -251,6 +260,7 @@ class NativeLlama(nn.Module, TargetModel):
             raise ValueError(f"unknown quantization {mode!r}; choose one of {', '.join(QUANTIZE_CHOICES)}")
         if mode == "int8":
             quantize_int8_(self)
+            self.__dict__.pop("_decode_plan", None)  # its projections are gone
             self.row_floors = RowFloor()
 
     def rope(self, positions: torch.Tensor, slots: int) -> Rope:
@@ -268,11 +278,15 @@ class NativeLlama(nn.Module, TargetModel):
         floors = self.row_floors if meta.exact else DecodeFloors(self.row_floors) if attn.paths is not None else None
         rope = self.rope(positions, cache.max_slots)
         x = self.embed(tokens)
-        tapped = {}
-        for i, layer in enumerate(self.model.layers):
-            if i in meta.taps:
-                tapped[i] = x
-            x = layer(x, rope, cache, i, attn, floors)
+        plan = self.decode_plan()
+        if plan is not None and plan.serves(tokens, attn, exact_prefill=meta.exact):  # the same calls, leaner
+            x, tapped = plan.run(x, rope, cache, attn.paths[0], meta.taps)
+        else:
+            tapped = {}
+            for i, layer in enumerate(self.model.layers):
+                if i in meta.taps:
+                    tapped[i] = x
+                x = layer(x, rope, cache, i, attn, floors)
         hidden = rms_norm(x, self.model.norm)
         rows = hidden if meta.logits_idx is None else hidden[:, meta.logits_idx]
         if meta.exact and meta.logits_idx is not None:

@@ -1,0 +1,129 @@
+"""Exact-mode bf16 forwards of one sequence on the compiled kernels, layer by layer without the module tree.
+
+A plain decoding step of SmolLM2 makes ~240 kernel calls (121 block projections, 60 norms, 30 RoPE/cache writes, 30
+path attentions). Through the modules (``nn.Module`` calls and attribute lookups, ``eyas.models.exact.linear``'s
+routing, each projection's operand lookup, ``fused_path_attend``'s checks) the Python between them cost 3.5 ms of an
+11.0 ms token on the Intel Xeon 6/207: the same calls replayed alone took 7.5 ms. Where every piece is a compiled
+kernel (each projection GGUF blocks on the bf16 block kernel, the layer-ops RoPE and cache write, the path kernel,
+the norm kernel), ``DecodePlan.run`` makes the same calls in the same order on the same tensors from references
+gathered once: the same bits as the modules' path (tests/models/test_decode_plan.py), so plain decoding and
+verification may take either. ``EYAS_DECODE_PLAN=0`` turns it off.
+
+    plan = DecodePlan.build(model)               # None where some piece is not a compiled kernel
+    if plan is not None and plan.serves(tokens, attn, exact_prefill):
+        x, taps = plan.run(x, rope, cache, attn.paths[0], meta.taps)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eyas import kernels
+from eyas.kv.static import KVCache
+from eyas.models import gguf_tuning
+from eyas.models.attention import AttnMeta
+from eyas.models.base import PathAttention
+from eyas.models.gguf_blocks import GGUFBlocks, block_kernel
+
+_EMPTY = torch.empty(0)
+
+
+@dataclass(frozen=True)
+class Projection:
+    """One projection as the block kernel's ``linear`` takes it: blocks, type code, bias (empty for none)."""
+
+    data: torch.Tensor
+    code: int
+    bias: torch.Tensor
+
+    @classmethod
+    def of(cls, mod: nn.Module) -> Projection | None:
+        blocks = mod.__dict__.get("_eyas_blocks")
+        if not isinstance(mod, nn.Linear) or not isinstance(blocks, GGUFBlocks):
+            return None
+        data, code = blocks.operands(torch.bfloat16)
+        return cls(data, code, _EMPTY if mod.bias is None else mod.bias)
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """One decoder layer's weights as its kernels read them."""
+
+    norm1: torch.Tensor  # [D] input_layernorm
+    norm2: torch.Tensor  # [D] post_attention_layernorm
+    eps: float
+    qkv: Projection
+    o: Projection
+    gate_up: Projection
+    down: Projection
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    layers: tuple[LayerPlan, ...]
+    heads: int
+    kv_heads: int
+    head_dim: int
+    blocks: object  # the compiled modules, their functions looked up at each call (tests spy on them)
+    norm: object
+    ops: object
+
+    @classmethod
+    def build(cls, model: nn.Module) -> DecodePlan | None:
+        """``model``'s plan (a NativeLlama), or None where a piece is missing: a bf16 CPU model whose every layer
+        has GGUF-block projections and no q/k norms, with the block, norm and layer-ops kernels built.
+        """
+        if os.environ.get("EYAS_DECODE_PLAN", "1") == "0" or model.dtype != torch.bfloat16:
+            return None
+        kernel, norm, ops = block_kernel(), kernels.rms_norm(), kernels.LAYER_OPS()
+        if kernel is None or norm is None or ops is None or model.device.type != "cpu":
+            return None
+        layers = []
+        for layer in model.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            projs = [Projection.of(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+            n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
+            if attn.q_norm is not None or any(p is None for p in projs) or n1.eps != n2.eps:
+                return None
+            layers.append(LayerPlan(n1.weight, n2.weight, n1.eps, *projs))
+        c = model.config
+        return cls(tuple(layers), c.num_heads, c.num_kv_heads, c.head_dim, kernel, norm, ops)
+
+    def serves(self, tokens: torch.Tensor, attn: AttnMeta, exact_prefill: bool) -> bool:
+        """Whether a forward of ``tokens`` [B, T] under ``attn`` runs as the modules would run it on these kernels:
+        one sequence through the path kernel, every projection on the blocks (a decode / verify forward, or an exact
+        prefill where bf16 prefill reads the blocks: ``eyas.models.exact.linear``'s routing).
+        """
+        paths = attn.paths
+        if paths is None or len(paths) != 1 or paths[0].kernel is None or tokens.shape[0] != 1:
+            return False
+        if tokens.shape[1] != paths[0].order.shape[0] or tokens.device.type != "cpu":
+            return False
+        return not exact_prefill or gguf_tuning.prefill_on_blocks()
+
+    def run(self, x: torch.Tensor, rope, cache: KVCache, pa: PathAttention, taps) -> tuple[torch.Tensor, dict]:
+        """x: [1, N, D] bf16 embeddings -> ([1, N, D] the last layer's output, {layer: [1, N, D] its input} for
+        ``taps``), writing every layer's keys and values into ``cache`` at ``pa``'s slots.
+        """
+        n, h, hk, dh = x.shape[1], self.heads, self.kv_heads, self.head_dim
+        lin, norm, rope_cache = self.blocks.linear, self.norm.rms_norm, self.ops.rope_cache
+        cos, sin = rope.rows
+        scale = dh**-0.5
+        x = x[0]
+        tapped = {}
+        for i, p in enumerate(self.layers):
+            if i in taps:
+                tapped[i] = x[None]
+            kc, vc = cache.k[i, 0], cache.v[i, 0]
+            qkv = lin(norm(x, p.norm1, p.eps), p.qkv.data, p.qkv.code, p.qkv.bias).view(n, h + 2 * hk, dh)
+            q = rope_cache(qkv, cos, sin, kc, vc, pa.start, h)  # [N, H, Dh] float32
+            y = pa.kernel.path_attention(q, kc, vc, pa.start, pa.slots, pa.lengths, scale)
+            x = x + lin(y.to(x.dtype).view(n, h * dh), p.o.data, p.o.code, p.o.bias)
+            gate, up = lin(norm(x, p.norm2, p.eps), p.gate_up.data, p.gate_up.code, p.gate_up.bias).chunk(2, dim=-1)
+            x = x + lin(F.silu(gate) * up, p.down.data, p.down.code, p.down.bias)
+        return x[None], tapped

@@ -1,0 +1,92 @@
+"""The layers' kernel calls gathered once (eyas.models.decode_plan): the modules' bits, where it serves only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eyas.models import gguf_tuning
+from eyas.models.attention import AttnMeta
+from eyas.models.base import PathAttention
+from eyas.models.decode_plan import DecodePlan
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def generate_recorded(monkeypatch, spec, plan, speculate: bool) -> tuple[list[int], list[tuple], int]:
+    """(token ids, every forward's (tokens, logits, hidden, taps) copied, plan runs) of one generation with the
+    target's plan set to ``plan`` (None: through the modules)."""
+    model = spec.target.model
+    seen, served = [], []
+    real_run, real_plan = type(model).run, DecodePlan.run
+
+    def spy(self, tokens, positions, cache, meta):
+        out = real_run(self, tokens, positions, cache, meta)
+        taps = {i: t.clone() for i, t in out.taps.items()}
+        seen.append((tokens.clone(), out.logits.clone(), out.hidden.clone(), taps))
+        return out
+
+    with monkeypatch.context() as m:
+        m.setitem(model.__dict__, "_decode_plan", plan)
+        m.setattr(type(model), "run", spy)
+        m.setattr(DecodePlan, "run", lambda self, *a: served.append(1) or real_plan(self, *a))
+        result = spec.generate("Write a haiku about a heron at dawn.", speculate=speculate, max_new_tokens=40)
+    return result.token_ids, seen, len(served)
+
+
+@pytest.mark.parametrize("speculate", [False, True])
+def test_the_plan_gives_every_forward_the_modules_bits(embedded_bf16, monkeypatch, speculate):
+    """Plain decoding and tree verification of the embedded default (bf16 exact mode): the same logits, final hidden
+    states and EAGLE-3 taps in every forward, prefill included, with the plan as through the modules."""
+    from eyas.api import Speculator
+    from eyas.drafters.loading import DrafterSpec
+
+    loaded, _ = embedded_bf16
+    spec = Speculator(loaded, DrafterSpec("default", tree="dynamic:4,3,8"))
+    plan = loaded.model.decode_plan()
+    assert spec.exact and plan is not None
+    ids_plan, fw_plan, served = generate_recorded(monkeypatch, spec, plan, speculate)
+    ids_mod, fw_mod, unserved = generate_recorded(monkeypatch, spec, None, speculate)
+    assert served >= len(fw_plan) - 1 and unserved == 0  # every decode / verify forward (prefill: the tuning's)
+    assert ids_plan == ids_mod and len(fw_plan) == len(fw_mod) > 5
+    if speculate:
+        assert any(t.shape[1] > 1 for t, *_ in fw_plan[1:]), "no tree was verified"
+    for (t1, l1, h1, taps1), (t2, l2, h2, taps2) in zip(fw_plan, fw_mod, strict=True):
+        assert torch.equal(t1, t2) and same_bits(l1, l2) and same_bits(h1, h2)
+        assert taps1.keys() == taps2.keys() and all(same_bits(taps1[i], taps2[i]) for i in taps1)
+
+
+def test_the_plan_serves_one_sequence_on_the_path_kernel_only(embedded_bf16, monkeypatch):
+    loaded, _ = embedded_bf16
+    plan = loaded.model.decode_plan()
+    kernel = loaded.model.path_kernel()
+    assert plan is not None and kernel is not None
+
+    def paths(n: int, kern=kernel) -> list[PathAttention]:
+        order = torch.arange(n).expand(n, n)
+        return [PathAttention(order=order, lengths=torch.arange(1, n + 1), start=0, kv_len=64, mirror=None,
+                              kernel=kern)]
+
+    tokens = torch.zeros(1, 3, dtype=torch.long)
+    assert plan.serves(tokens, AttnMeta(start=0, kv_len=64, paths=paths(3)), exact_prefill=False)
+    assert not plan.serves(tokens, AttnMeta(start=0, kv_len=64), exact_prefill=False)  # a mask, no paths
+    assert not plan.serves(tokens, AttnMeta(start=0, kv_len=64, paths=paths(3, None)), exact_prefill=False)
+    assert not plan.serves(torch.zeros(2, 3, dtype=torch.long), AttnMeta(start=0, kv_len=64, paths=paths(3) * 2),
+                           exact_prefill=False)  # a batch
+    assert not plan.serves(tokens, AttnMeta(start=0, kv_len=64, paths=paths(2)), exact_prefill=False)
+    for blocks in (True, False):  # exact prefill: only where bf16 prefill reads the blocks, as exact.linear routes it
+        monkeypatch.setattr(gguf_tuning, "prefill_on_blocks", lambda blocks=blocks: blocks)
+        assert plan.serves(tokens, AttnMeta(start=0, kv_len=64, paths=paths(3)), exact_prefill=True) == blocks
+
+
+def test_no_plan_without_every_piece_compiled(tiny, embedded_bf16, monkeypatch):
+    assert DecodePlan.build(tiny.native("llama")) is None  # float32, no GGUF blocks
+    loaded, _ = embedded_bf16
+    monkeypatch.setenv("EYAS_DECODE_PLAN", "0")
+    assert DecodePlan.build(loaded.model) is None
+    monkeypatch.delenv("EYAS_DECODE_PLAN")
+    layer = loaded.model.model.layers[3].mlp.down_proj
+    monkeypatch.delitem(layer.__dict__, "_eyas_blocks")  # one projection on the dense path
+    assert DecodePlan.build(loaded.model) is None
