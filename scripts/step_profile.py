@@ -137,14 +137,17 @@ def main() -> None:
 
 def verify_kernels() -> defaultdict[int, list[tuple[float, float]]]:
     """Per verify forward outside prefill, by tree size: (s in the target's block-kernel projections, s in its path
-    attention) -- what a verify row costs beyond a plain token, split.
+    attention with RoPE and the cache write) -- what a verify row costs beyond a plain token, split.
     """
-    import eyas.models.native as native
+    from eyas import kernels
 
     current, proj, attn = [0], [], []
     out: defaultdict[int, list[tuple[float, float]]] = defaultdict(list)
-    wrap(GGUFBlocks, "linear", proj, when=lambda: current[0] > 0)
-    wrap(native, "fused_path_attend", attn, when=lambda: current[0] > 0)
+    # the compiled modules' functions: the target's modules and its decode plan (eyas.models.decode_plan) both call
+    # them through the module at every call
+    wrap(kernels.gguf_bf16(), "linear", proj, when=lambda: current[0] > 0)
+    wrap(kernels.LAYER_OPS(), "rope_cache", attn, when=lambda: current[0] > 0)
+    wrap(kernels.path_attention(), "path_attention", attn, when=lambda: current[0] > 0)
     outer = SpecDecoder.verify_forward
 
     def verify_forward(self, seq, tree):
