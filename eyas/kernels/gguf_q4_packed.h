@@ -141,19 +141,21 @@ void rows_packed(const uint16_t* x, const float* x32, int64_t k, const uint8_t* 
     for (int j = 0; j < NR; ++j) out[i * ldo + j] = reduce16(acc[i][j]);
 }
 
-// rows_packed for m <= FUSED_ROWS rows of x (FMA where x32 is given), the type's and row count's instance
+// rows_packed for m <= FUSED_ROWS rows of x (FMA where x32 is given: several rows, or one that ends a call's chunk of
+// MAX_M rows), the type's and row count's instance
 template <int NR, bool Q41>
 void fused(const uint16_t* x, const float* x32, int64_t m, int64_t k, const uint8_t* const* w, int64_t bb,
            float* scales, float* out, int64_t ldo, const uint8_t* pf) {
   switch (m * 2 + (x32 != nullptr)) {
     case 2: rows_packed<NR, 1, Q41, false>(x, x32, k, w, bb, scales, out, ldo, pf); break;
+    case 3: rows_packed<NR, 1, Q41, true>(x, x32, k, w, bb, scales, out, ldo, pf); break;  // a chunk's last row
     case 4: rows_packed<NR, 2, Q41, false>(x, x32, k, w, bb, scales, out, ldo, pf); break;
     case 5: rows_packed<NR, 2, Q41, true>(x, x32, k, w, bb, scales, out, ldo, pf); break;
     case 6: rows_packed<NR, 3, Q41, false>(x, x32, k, w, bb, scales, out, ldo, pf); break;
     case 7: rows_packed<NR, 3, Q41, true>(x, x32, k, w, bb, scales, out, ldo, pf); break;
     case 8: rows_packed<NR, 4, Q41, false>(x, x32, k, w, bb, scales, out, ldo, pf); break;
     case 9: rows_packed<NR, 4, Q41, true>(x, x32, k, w, bb, scales, out, ldo, pf); break;
-    default: TORCH_CHECK(false, "gguf_bf16: fused runs 1 to ", FUSED_ROWS, " rows (FMAs from 2), got ", m);
+    default: TORCH_CHECK(false, "gguf_bf16: fused runs 1 to ", FUSED_ROWS, " rows, got ", m);
   }
 }
 
