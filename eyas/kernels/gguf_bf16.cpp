@@ -171,8 +171,6 @@ inline void micro_fma(const float* const* x, const uint16_t* const* w, int64_t n
     for (int j = 0; j < NR; ++j) out[i * ldo + j] = reduce16(acc[i][j]);
 }
 
-// The rows x[0 .. m) against one group's NR weight rows: each row's sums into out[i * ldo + j]. x32: the rows split
-// for micro_fma, or null for VDPBF16PS on bf16 x.
 // one weight row w (GGUF or packed blocks, qtype) -> its nblk blocks as bf16 at dst; pj: where to prefetch the same
 // bytes of a row ahead, or null. scales: room for 2 * nblk floats (packed rows).
 inline void dequant_row(const uint8_t* w, int64_t nblk, int64_t bb, int64_t qtype, uint16_t* dst, const uint8_t* pj,
@@ -193,6 +191,8 @@ inline void dequant_row(const uint8_t* w, int64_t nblk, int64_t bb, int64_t qtyp
   }
 }
 
+// The rows x[0 .. m) against one group's NR weight rows: each row's sums into out[i * ldo + j]. x32: the rows split
+// for micro_fma, or null for VDPBF16PS on bf16 x. scales: room for NR * 2 * nblk floats (packed rows).
 template <int NR>
 void group(const uint16_t* xd, const float* x32, int64_t m, const uint8_t* const* w, int64_t k, int64_t bb,
            int64_t qtype, uint16_t* buf, float* scales, float* out, int64_t ldo, const uint8_t* pf) {

@@ -69,7 +69,7 @@ class GGUFBlocks:
     def operands(self, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
         """(blocks, type code) the kernel for ``dtype`` reads: for bf16 and Q4 types the bf16 kernel's packed layout
         (the same bytes regrouped: a row's nibbles, then its scales; made at the first call and kept, ``pack`` in
-        eyas/kernels/gguf_bf16.cpp), else ``data`` and ``qtype`` as the GGUF file has them.
+        eyas/kernels/gguf_q4_packed.h), else ``data`` and ``qtype`` as the GGUF file has them.
         """
         packed = self.__dict__.get("_packed")
         if packed is not None and dtype == torch.bfloat16:
