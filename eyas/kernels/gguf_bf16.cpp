@@ -106,11 +106,15 @@ constexpr int PF_GROUPS = 2;  // software prefetch distance, in groups
 //   fma_rows: several rows multiply in float32 FMAs instead of VDPBF16PS (below); set only where fma_matches() holds.
 //   prefetch_one: one row (plain decoding) prefetches as several rows do. Measured no better on Zen 5; on an Intel
 //             Xeon 6/207 the 121 projections at one row took 8.9 ms with it against 10.7-11.3 without.
+//   fused_rows: up to FUSED_ROWS rows of packed Q4 blocks multiply each block in registers as it is dequantised
+//             (rows_packed) instead of through the L1 buffer (measured faster on the Intel Xeon 6/207; dequantising
+//             inside the accumulation chains measured slower on Zen 5 for the GGUF layout's Q8_0, so it is timed).
 struct Tuning {
   bool prefetch = true;
   bool pair_as_triple = true;
   bool fma_rows = false;
   bool prefetch_one = false;
+  bool fused_rows = true;
 };
 Tuning tuning;
 
@@ -196,7 +200,7 @@ inline void dequant_row(const uint8_t* w, int64_t nblk, int64_t bb, int64_t qtyp
 template <int NR>
 void group(const uint16_t* xd, const float* x32, int64_t m, const uint8_t* const* w, int64_t k, int64_t bb,
            int64_t qtype, uint16_t* buf, float* scales, float* out, int64_t ldo, const uint8_t* pf) {
-  if (qtype >= PACKED && m <= FUSED_ROWS) {
+  if (tuning.fused_rows && qtype >= PACKED && m <= FUSED_ROWS) {
     if (qtype == PACKED + Q4_1) fused<NR, true>(xd, x32, m, k, w, bb, scales, out, ldo, pf);
     else fused<NR, false>(xd, x32, m, k, w, bb, scales, out, ldo, pf);
     return;
@@ -404,7 +408,7 @@ bool fma_rows_exact() {
 #endif
 }
 
-void set_tuning(bool prefetch, bool pair_as_triple, bool fma_rows, bool prefetch_one) {
+void set_tuning(bool prefetch, bool pair_as_triple, bool fma_rows, bool prefetch_one, bool fused_rows) {
 #ifdef EYAS_GGUF_BF16
   TORCH_CHECK(!fma_rows || fma_rows_exact(), "gguf_bf16.set_tuning: fma_rows needs this CPU's VDPBF16PS to give ",
               "the bits of two float32 FMAs (fma_rows_exact() is false here)");
@@ -412,6 +416,7 @@ void set_tuning(bool prefetch, bool pair_as_triple, bool fma_rows, bool prefetch
   tuning.pair_as_triple = pair_as_triple;
   tuning.fma_rows = fma_rows;
   tuning.prefetch_one = prefetch_one;
+  tuning.fused_rows = fused_rows;
 #endif
 }
 
@@ -432,8 +437,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("packed_type", []() { return PACKED; }, "the type-code offset of the packed layouts");
   m.def("dequantize", &dequantize, "GGUF blocks -> the bf16 weights the kernel multiplies with");
   m.def("set_tuning", &set_tuning,
-        "per-CPU speed choices that change no bit: prefetch, pair_as_triple, fma_rows, prefetch_one",
-        py::arg("prefetch"), py::arg("pair_as_triple"), py::arg("fma_rows") = false, py::arg("prefetch_one") = false);
+        "per-CPU speed choices that change no bit: prefetch, pair_as_triple, fma_rows, prefetch_one, fused_rows",
+        py::arg("prefetch"), py::arg("pair_as_triple"), py::arg("fma_rows") = false, py::arg("prefetch_one") = false,
+        py::arg("fused_rows") = true);
   m.def("fma_rows_exact", &fma_rows_exact, "whether this CPU's VDPBF16PS gives two float32 FMAs' bits (fma_rows)");
   m.def("available", &available, "whether linear was built (AVX512-BF16 and F16C at compile time)");
   m.def("block_bytes", &block_bytes, "bytes per 32-weight block of a GGML type");

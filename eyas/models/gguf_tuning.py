@@ -1,6 +1,6 @@
 """The GGUF-block kernel's per-CPU choices, timed once per machine on the loaded target's own projections.
 
-``eyas/kernels/gguf_bf16.cpp`` has four ways of running rows that change no bit (every accumulator's chain is the
+``eyas/kernels/gguf_bf16.cpp`` has five ways of running rows that change no bit (every accumulator's chain is the
 same either way) but whose speed depends on the CPU:
 
 * ``prefetch``: with several rows, each block's dequantisation prefetches the same block of the weight group two
@@ -12,7 +12,9 @@ same either way) but whose speed depends on the CPU:
   6/207, whose VDPBF16PS runs at half the FMA rate, SmolLM2's 121 projections at 2 / 3 / 4 / 6 / 8 rows took 11.0 /
   12.0 / 13.1 / 16.1 / 18.8 ms against 11.7 / 13.1 / 15.0 / 18.7 / 22.6 (1 row, which never uses it: 11.1);
 * ``prefetch_one``: one row (plain decoding) prefetches as several rows do. Measured no better on the Zen 5 VM; on
-  the Intel Xeon 6/207 the 121 projections at one row took 8.9 ms with it against 10.7-11.3 without.
+  the Intel Xeon 6/207 the 121 projections at one row took 8.9 ms with it against 10.7-11.3 without;
+* ``fused_rows``: up to 4 rows of packed Q4 blocks multiply each block in registers as it is dequantised, not through
+  the L1 buffer (faster on the Intel Xeon 6/207; never measured on AMD, where a similar fusion once measured slower).
 
 Both were measured faster on the Zen 5 VM (full-width AVX-512; then ``prefetch`` fetched a whole group four ahead at
 once). On a Zen 4 VM (AVX-512 on 256-bit halves) that whole-group prefetch and ``pair_as_triple`` were slower
@@ -21,15 +23,15 @@ block measured 0.99x the time without it at 2-3 rows and 0.94 / 0.93 / 0.90x at 
 ``scripts/kernel_ab.py --base HEAD --base-tuning 0,0 --tuning 1,0``). So the first load on a machine times the four
 settings (six where ``fma_rows`` may run) at 2, 3, 4 and 6 rows (the verify widths speculative steps use most, and
 a wider one where the prefetch pays most), best of 5 rounds, then ``prefetch_one`` on and off at one row under the
-chosen setting (a separate decision: one row runs none of the other options), about 6-9 s in all, and caches the
-fastest under
+chosen setting (a separate decision: one row runs none of the other options), then ``fused_rows`` on and off at 1-4
+rows, about 8-11 s in all, and caches the fastest under
 ``$EYAS_CACHE/kernel_tuning/`` keyed by CPU, threads and the kernels' sources. ``pair_as_triple`` is decided on the
 2-row time alone (no other width of a verify tree up to 9 nodes runs a 2-row block): summed over every width, the
 noise at the others outweighed it, and a Zen 4 VM kept 2 rows as a triple at 8.7 ms where a pair cost 8.3
 (``scripts/projection_cost.py``).
 ``fma_rows`` is judged on every width, against the better pair setting of the same prefetch.
-``EYAS_GGUF_TUNING=PREFETCH,PAIR[,FMA[,PREFETCH_ONE]]`` (e.g. ``0,0`` or ``1,0,1,1``) sets it by hand and skips the
-timing.
+``EYAS_GGUF_TUNING=PREFETCH,PAIR[,FMA[,PREFETCH_ONE[,FUSED]]]`` (e.g. ``0,0`` or ``1,0,1,1,1``) sets it by hand and
+skips the timing.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ from eyas.models.machine_cache import best_alternating, cached_json, machine_key
 from eyas.notes import one_time_note
 
 ROWS = (2, 3, 4, 6)  # rows timed: the verify widths adaptive trees use most, and a wider one
-PICK_VERSION = 5  # in the cache key: choices made by an earlier rule (4: no prefetch_one) are timed again
+PICK_VERSION = 6  # in the cache key: choices made by an earlier rule (5: no fused_rows) are timed again
+FUSED_TIMED = (1, 2, 3, 4)  # rows fused_rows serves
 
 
 @dataclass(frozen=True)
@@ -55,14 +58,15 @@ class KernelTuning:
     pair_as_triple: bool = True  # unused under fma_rows (its several-row blocks are FMA blocks)
     fma_rows: bool = False
     prefetch_one: bool = False  # one row prefetches too (prefetch is for several)
+    fused_rows: bool = True  # 1-4 rows of packed Q4 blocks in registers, not through the buffer
 
     @classmethod
     def parse(cls, text: str) -> KernelTuning:
-        """``PREFETCH,PAIR[,FMA[,PREFETCH_ONE]]`` as 0/1, e.g. ``0,0``, ``1,0,1`` or ``1,0,1,1``."""
+        """``PREFETCH,PAIR[,FMA[,PREFETCH_ONE[,FUSED]]]`` as 0/1, e.g. ``0,0``, ``1,0,1`` or ``1,0,1,1,1``."""
         parts = [p.strip() for p in text.split(",")]
-        if len(parts) not in (2, 3, 4) or any(p not in ("0", "1") for p in parts):
-            raise ValueError(f"EYAS_GGUF_TUNING={text!r}: expected PREFETCH,PAIR_AS_TRIPLE[,FMA_ROWS[,PREFETCH_ONE]] "
-                             "as 0 or 1 each, e.g. 0,0 or 1,0,1,1")
+        if len(parts) not in (2, 3, 4, 5) or any(p not in ("0", "1") for p in parts):
+            raise ValueError(f"EYAS_GGUF_TUNING={text!r}: expected PREFETCH,PAIR_AS_TRIPLE[,FMA_ROWS[,PREFETCH_ONE"
+                             "[,FUSED_ROWS]]] as 0 or 1 each, e.g. 0,0 or 1,0,1,1,1")
         return cls(*(p == "1" for p in parts))
 
 
@@ -103,6 +107,13 @@ def pick_one_row(seconds: dict[KernelTuning, dict[int, float]]) -> KernelTuning:
     return min(seconds, key=lambda s: (seconds[s][1], s.prefetch_one))
 
 
+def pick_fused(seconds: dict[KernelTuning, dict[int, float]]) -> KernelTuning:
+    """The faster of the settings in ``seconds`` (the chosen one with ``fused_rows`` on and off) over the rows it
+    serves, summed; a tie keeps it on.
+    """
+    return min(seconds, key=lambda s: (sum(seconds[s].values()), not s.fused_rows))
+
+
 def time_settings(kernel, blocks: list, rows=ROWS, rounds: int = 5, repeats: int = 4,
                   settings: tuple[KernelTuning, ...] = SETTINGS) -> dict[KernelTuning, dict[int, float]]:
     """Seconds for every projection in ``blocks`` (GGUFBlocks) by setting and number of rows, best of ``rounds``
@@ -126,7 +137,9 @@ def time_settings(kernel, blocks: list, rows=ROWS, rounds: int = 5, repeats: int
 
 def set_on(kernel, s: KernelTuning) -> None:
     """Set ``s`` on ``kernel`` (no bookkeeping: ``apply`` records what the process runs with)."""
-    if s.prefetch_one:
+    if not s.fused_rows:
+        kernel.set_tuning(s.prefetch, s.pair_as_triple, s.fma_rows, s.prefetch_one, False)
+    elif s.prefetch_one:  # also a kernel built before fused_rows
         kernel.set_tuning(s.prefetch, s.pair_as_triple, s.fma_rows, True)
     elif s.fma_rows:  # also a kernel built before prefetch_one
         kernel.set_tuning(s.prefetch, s.pair_as_triple, True)
@@ -148,13 +161,15 @@ def tune_block_kernel(model: nn.Module, cache_dir: Path | None = None, kernel=No
     shapes = sorted({(b.qtype, *b.data.shape) for b in blocks})
 
     def measure() -> dict:
-        one_time_note("timing the bf16 block kernel's options on this CPU", "~6-9 s")
+        one_time_note("timing the bf16 block kernel's options on this CPU", "~8-11 s")
         seconds = time_settings(kernel, blocks, settings=settings_for(kernel))
         several = pick(seconds)
         one = time_settings(kernel, blocks, rows=(1,), settings=(several, replace(several, prefetch_one=True)))
+        chosen = pick_one_row(one)
+        fused = time_settings(kernel, blocks, rows=FUSED_TIMED, settings=(chosen, replace(chosen, fused_rows=False)))
         timed = [{**asdict(s), "ms_by_rows": {r: round(1e3 * v, 3) for r, v in by_rows.items()}}
-                 for s, by_rows in (*seconds.items(), *one.items())]
-        return {"choice": asdict(pick_one_row(one)), "timed_rows": [1, *ROWS], "timed": timed}
+                 for s, by_rows in (*seconds.items(), *one.items(), *fused.items())]
+        return {"choice": asdict(pick_fused(fused)), "timed_rows": [1, *ROWS], "timed": timed}
 
     record = cached_json("kernel_tuning", machine_key(shapes=shapes, pick=PICK_VERSION), measure, cache_dir)
     return apply(kernel, KernelTuning(**record["choice"]))

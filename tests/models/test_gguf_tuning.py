@@ -46,7 +46,9 @@ def test_every_setting_gives_the_same_bits_at_every_row_count(qtype):
     counts = (*range(1, 13), 64, 65, 66, 69)  # past 64 the kernel runs rows in chunks: 65 ends with a chunk of one
     gguf_tuning.apply(KERNEL, KernelTuning())
     ref = {m: blocks.linear(x[:m], lin.bias).view(torch.int16) for m in counts}
-    for s in (*settings_for(KERNEL), *(replace(s, prefetch_one=True) for s in settings_for(KERNEL))):
+    variants = [replace(s, prefetch_one=o, fused_rows=f) for s in settings_for(KERNEL) for o in (False, True)
+                for f in (True, False)]
+    for s in variants:
         gguf_tuning.apply(KERNEL, s)
         assert gguf_tuning.active() == s
         for m in counts:
@@ -149,7 +151,8 @@ def test_tuning_from_the_environment_is_parsed_or_refused_with_the_fix():
     assert KernelTuning.parse("0,1") == KernelTuning(prefetch=False, pair_as_triple=True)
     assert KernelTuning.parse("1, 0, 1") == KernelTuning(prefetch=True, pair_as_triple=False, fma_rows=True)
     assert KernelTuning.parse("0,0,0,1") == KernelTuning(False, False, False, prefetch_one=True)
-    for bad in ("fast", "1", "1,0,1,1,0", "1,2"):
+    assert KernelTuning.parse("1,0,1,1,0") == KernelTuning(True, False, True, True, fused_rows=False)
+    for bad in ("fast", "1", "1,0,1,1,0,1", "1,2"):
         with pytest.raises(ValueError, match="PREFETCH,PAIR_AS_TRIPLE"):
             KernelTuning.parse(bad)
 
@@ -162,6 +165,13 @@ def test_one_rows_prefetch_is_its_own_decision_and_a_tie_keeps_it_off():
     assert pick_one_row({on: {1: 0.8}, off: {1: 0.7}}) == off
 
 
+def test_fused_rows_is_judged_over_the_rows_it_serves_and_a_tie_keeps_it():
+    on = KernelTuning(prefetch=True, pair_as_triple=False, fma_rows=True, prefetch_one=True)
+    off = replace(on, fused_rows=False)
+    assert gguf_tuning.pick_fused({on: {1: 1.0, 2: 1.0}, off: {1: 1.0, 2: 1.0}}) == on
+    assert gguf_tuning.pick_fused({on: {1: 0.9, 2: 1.3}, off: {1: 1.0, 2: 1.0}}) == off  # faster at 1, slower summed
+
+
 class FakeKernel:
     """Records set_tuning; several rows are slow under prefetch, one row is slow without prefetch_one (so timing
     picks prefetch off and prefetch_one on: the two are decided apart)."""
@@ -169,7 +179,7 @@ class FakeKernel:
     def __init__(self):
         self.calls, self.prefetch, self.prefetch_one = [], True, False
 
-    def set_tuning(self, prefetch, pair, fma_rows=False, prefetch_one=False):
+    def set_tuning(self, prefetch, pair, fma_rows=False, prefetch_one=False, fused_rows=True):
         assert not fma_rows  # no fma_rows_exact: never offered
         self.calls.append((prefetch, pair, prefetch_one))
         self.prefetch, self.prefetch_one = prefetch, prefetch_one
@@ -195,7 +205,8 @@ def test_the_choice_is_timed_once_then_read_from_the_cache(tmp_path, monkeypatch
     files = list(tmp_path.glob("*.json"))
     record = json.loads(files[0].read_text())
     assert len(files) == 1 and record["choice"] == {
-        "prefetch": False, "pair_as_triple": got.pair_as_triple, "fma_rows": False, "prefetch_one": True}
+        "prefetch": False, "pair_as_triple": got.pair_as_triple, "fma_rows": False, "prefetch_one": True,
+        "fused_rows": True}  # the fake's times do not depend on it: a tie keeps it on
     assert {1, 2, 3, 4, 6} <= {int(r) for t in record["timed"] for r in t["ms_by_rows"]}
     fake2 = FakeKernel()
     assert tune_block_kernel(model, tmp_path, kernel=fake2) == got
