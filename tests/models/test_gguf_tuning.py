@@ -173,20 +173,22 @@ def test_fused_rows_is_judged_over_the_rows_it_serves_and_a_tie_keeps_it():
 
 
 class FakeKernel:
-    """Records set_tuning; several rows are slow under prefetch, one row is slow without prefetch_one (so timing
-    picks prefetch off and prefetch_one on: the two are decided apart)."""
+    """Records set_tuning; several rows are slow under prefetch, one row is slow without prefetch_one, any row under
+    fused_rows (so timing picks prefetch off, prefetch_one on and fused_rows off: each decided apart)."""
 
     def __init__(self):
-        self.calls, self.prefetch, self.prefetch_one = [], True, False
+        self.calls, self.prefetch, self.prefetch_one, self.fused_rows = [], True, False, True
 
     def set_tuning(self, prefetch, pair, fma_rows=False, prefetch_one=False, fused_rows=True):
         assert not fma_rows  # no fma_rows_exact: never offered
-        self.calls.append((prefetch, pair, prefetch_one))
-        self.prefetch, self.prefetch_one = prefetch, prefetch_one
+        self.calls.append((prefetch, pair, prefetch_one, fused_rows))
+        self.prefetch, self.prefetch_one, self.fused_rows = prefetch, prefetch_one, fused_rows
 
     def linear(self, x, data, qtype, bias):
         if (self.prefetch if x.shape[0] > 1 else not self.prefetch_one):
             sum(range(20000))  # burn time: these settings lose
+        if self.fused_rows:
+            sum(range(20000))
         return x
 
 
@@ -201,16 +203,16 @@ def test_the_choice_is_timed_once_then_read_from_the_cache(tmp_path, monkeypatch
     fake = FakeKernel()
     model = nn.Sequential(block_model())
     got = tune_block_kernel(model, tmp_path, kernel=fake)
-    assert got.prefetch is False and got.prefetch_one is True
+    assert got.prefetch is False and got.prefetch_one is True and got.fused_rows is False
     files = list(tmp_path.glob("*.json"))
     record = json.loads(files[0].read_text())
     assert len(files) == 1 and record["choice"] == {
         "prefetch": False, "pair_as_triple": got.pair_as_triple, "fma_rows": False, "prefetch_one": True,
-        "fused_rows": True}  # the fake's times do not depend on it: a tie keeps it on
+        "fused_rows": False}
     assert {1, 2, 3, 4, 6} <= {int(r) for t in record["timed"] for r in t["ms_by_rows"]}
     fake2 = FakeKernel()
     assert tune_block_kernel(model, tmp_path, kernel=fake2) == got
-    assert fake2.calls == [(got.prefetch, got.pair_as_triple, True)]  # no timing: one call, the cached choice
+    assert fake2.calls == [(got.prefetch, got.pair_as_triple, True, False)]  # no timing: one call, the cached choice
     monkeypatch.setenv("EYAS_GGUF_TUNING", "1,1")
     assert tune_block_kernel(model, tmp_path, kernel=fake2) == KernelTuning(True, True)
     assert tune_block_kernel(nn.Linear(4, 4), tmp_path, kernel=fake2) is None  # no block projections
