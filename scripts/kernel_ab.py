@@ -12,7 +12,7 @@ drafter, 160 prompt tokens), median of 12 steps, w = 1 (plain decoding's step) a
 process's block kernel swapped between the two builds round by round: what a verify forward costs end to end
 (attention, norms, Python included), without the noise of comparing two processes.
 
-``--tuning`` / ``--base-tuning``: PREFETCH,PAIR[,FMA[,PREFETCH_ONE]] as ``EYAS_GGUF_TUNING`` (default: what eyas
+``--tuning`` / ``--base-tuning``: PREFETCH,PAIR[,FMA[,PREFETCH_ONE[,FUSED]]] as ``EYAS_GGUF_TUNING`` (default: what eyas
 picks for this machine, for both). The earlier source is built with eyas's own flags into a temporary directory.
 """
 
@@ -56,8 +56,8 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2,3,4,5,6,8")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--tuning", help="PREFETCH,PAIR[,FMA[,ONE]] for the working tree's build (default: eyas's choice)")
-    ap.add_argument("--base-tuning", help="PREFETCH,PAIR[,FMA[,ONE]] for the base build (default: eyas's choice)")
+    ap.add_argument("--tuning", help="PREFETCH,PAIR[,FMA[,ONE[,FUSED]]], the tree's build (default: eyas's)")
+    ap.add_argument("--base-tuning", help="PREFETCH,PAIR[,FMA[,ONE[,FUSED]]], the base build (default: eyas's)")
     ap.add_argument("--steps", action="store_true", help="time exact-mode decoding steps by tree width instead")
     a = ap.parse_args()
     rows = [int(r) for r in a.rows.split(",")]
@@ -77,7 +77,7 @@ def main() -> None:
         xs = {r: [torch.randn(r, b.k, generator=torch.Generator().manual_seed(r)).bfloat16() for b in blocks]
               for r in rows}
         empty = torch.empty(0)
-        operands = {name: [layout(k, b) for b in blocks] for name, k in builds.items()}
+        operands = {name: [b.layout_for(k) for b in blocks] for name, k in builds.items()}
         best = {(name, r): float("inf") for name in builds for r in rows}
         with torch.inference_mode():
             for _ in range(a.rounds):
@@ -100,13 +100,6 @@ def main() -> None:
     print(f"  outputs at {rows[-1]} rows bit-identical: {same}")
     if not same:
         raise SystemExit(1)
-
-
-def layout(kernel, b: gguf_blocks.GGUFBlocks) -> tuple[torch.Tensor, int]:
-    """(blocks, type code) as ``kernel`` reads them: its packed layout of Q4 blocks where it has one."""
-    if b.qtype in gguf_blocks._PACKABLE and hasattr(kernel, "pack"):
-        return kernel.pack(b.data, b.qtype, b.k), kernel.packed_type() + b.qtype
-    return b.data, b.qtype
 
 
 def time_steps(model, builds: dict, tunings: dict, widths: list[int], rounds: int) -> None:

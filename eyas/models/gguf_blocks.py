@@ -71,15 +71,20 @@ class GGUFBlocks:
         (the same bytes regrouped: a row's nibbles, then its scales; made at the first call and kept, ``pack`` in
         eyas/kernels/gguf_q4_packed.h), else ``data`` and ``qtype`` as the GGUF file has them.
         """
-        packed = self.__dict__.get("_packed")
-        if packed is not None and dtype == torch.bfloat16:
-            return packed
-        kernel = _kernel() if dtype == torch.bfloat16 and self.qtype in _PACKABLE else None
-        if kernel is None or not hasattr(kernel, "pack"):  # (a build before the layout: scripts/kernel_ab.py's base)
+        if dtype != torch.bfloat16:
             return self.data, self.qtype
-        packed = (kernel.pack(self.data, self.qtype, self.k), kernel.packed_type() + self.qtype)
-        self.__dict__["_packed"] = packed
+        packed = self.__dict__.get("_packed")
+        if packed is None:
+            packed = self.__dict__["_packed"] = self.layout_for(_kernel())
         return packed
+
+    def layout_for(self, kernel) -> tuple[torch.Tensor, int]:
+        """(blocks, type code) as the bf16 ``kernel`` module reads them, made now: its packed layout of Q4 blocks
+        where it has one (not a build before the layout: scripts/kernel_ab.py's base), else the GGUF file's.
+        """
+        if kernel is None or self.qtype not in _PACKABLE or not hasattr(kernel, "pack"):
+            return self.data, self.qtype
+        return kernel.pack(self.data, self.qtype, self.k), kernel.packed_type() + self.qtype
 
     @classmethod
     def cat(cls, parts: list[GGUFBlocks]) -> GGUFBlocks:

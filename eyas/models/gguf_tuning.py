@@ -16,19 +16,18 @@ same either way) but whose speed depends on the CPU:
 * ``fused_rows``: up to 4 rows of packed Q4 blocks multiply each block in registers as it is dequantised, not through
   the L1 buffer (faster on the Intel Xeon 6/207; never measured on AMD, where a similar fusion once measured slower).
 
-Both were measured faster on the Zen 5 VM (full-width AVX-512; then ``prefetch`` fetched a whole group four ahead at
-once). On a Zen 4 VM (AVX-512 on 256-bit halves) that whole-group prefetch and ``pair_as_triple`` were slower
-(SmolLM2's 121 projections at 2 rows 9.44 ms with both against 7.02 ms with neither); the prefetch spread one a
-block measured 0.99x the time without it at 2-3 rows and 0.94 / 0.93 / 0.90x at 4 / 6 / 8 (2026-11-28,
-``scripts/kernel_ab.py --base HEAD --base-tuning 0,0 --tuning 1,0``). So the first load on a machine times the four
-settings (six where ``fma_rows`` may run) at 2, 3, 4 and 6 rows (the verify widths speculative steps use most, and
-a wider one where the prefetch pays most), best of 5 rounds, then ``prefetch_one`` on and off at one row under the
-chosen setting (a separate decision: one row runs none of the other options), then ``fused_rows`` on and off at 1-4
-rows, about 8-11 s in all, and caches the fastest under
-``$EYAS_CACHE/kernel_tuning/`` keyed by CPU, threads and the kernels' sources. ``pair_as_triple`` is decided on the
-2-row time alone (no other width of a verify tree up to 9 nodes runs a 2-row block): summed over every width, the
-noise at the others outweighed it, and a Zen 4 VM kept 2 rows as a triple at 8.7 ms where a pair cost 8.3
-(``scripts/projection_cost.py``).
+``prefetch`` and ``pair_as_triple`` were both measured faster on the Zen 5 VM (full-width AVX-512; then ``prefetch``
+fetched a whole group four ahead at once). On a Zen 4 VM (AVX-512 on 256-bit halves) that whole-group prefetch and
+``pair_as_triple`` were slower (SmolLM2's 121 projections at 2 rows 9.44 ms with both against 7.02 ms with neither);
+the prefetch spread one a block measured 0.99x the time without it at 2-3 rows and 0.94 / 0.93 / 0.90x at 4 / 6 / 8
+(2026-11-28, ``scripts/kernel_ab.py --base HEAD --base-tuning 0,0 --tuning 1,0``). So the first load on a machine
+times the four settings (six where ``fma_rows`` may run) at 2, 3, 4 and 6 rows (the verify widths speculative steps
+use most, and a wider one where the prefetch pays most), best of 5 rounds, then ``prefetch_one`` on and off at one row
+under the chosen setting (a separate decision: one row runs none of the other options), then ``fused_rows`` on and off
+at 1-4 rows, about 8-11 s in all, and caches the fastest under ``$EYAS_CACHE/kernel_tuning/`` keyed by CPU, threads
+and the kernels' sources. ``pair_as_triple`` is decided on the 2-row time alone (no other width of a verify tree up to
+9 nodes runs a 2-row block): summed over every width, the noise at the others outweighed it, and a Zen 4 VM kept 2
+rows as a triple at 8.7 ms where a pair cost 8.3 (``scripts/projection_cost.py``).
 ``fma_rows`` is judged on every width, against the better pair setting of the same prefetch.
 ``EYAS_GGUF_TUNING=PREFETCH,PAIR[,FMA[,PREFETCH_ONE[,FUSED]]]`` (e.g. ``0,0`` or ``1,0,1,1,1``) sets it by hand and
 skips the timing.
@@ -50,6 +49,7 @@ from eyas.notes import one_time_note
 ROWS = (2, 3, 4, 6)  # rows timed: the verify widths adaptive trees use most, and a wider one
 PICK_VERSION = 6  # in the cache key: choices made by an earlier rule (5: no fused_rows) are timed again
 FUSED_TIMED = (1, 2, 3, 4)  # rows fused_rows serves
+_SET_TUNING_DEFAULTS = (False, False, True)  # gguf_bf16.set_tuning's fma_rows, prefetch_one, fused_rows
 
 
 @dataclass(frozen=True)
@@ -136,15 +136,14 @@ def time_settings(kernel, blocks: list, rows=ROWS, rounds: int = 5, repeats: int
 
 
 def set_on(kernel, s: KernelTuning) -> None:
-    """Set ``s`` on ``kernel`` (no bookkeeping: ``apply`` records what the process runs with)."""
-    if not s.fused_rows:
-        kernel.set_tuning(s.prefetch, s.pair_as_triple, s.fma_rows, s.prefetch_one, False)
-    elif s.prefetch_one:  # also a kernel built before fused_rows
-        kernel.set_tuning(s.prefetch, s.pair_as_triple, s.fma_rows, True)
-    elif s.fma_rows:  # also a kernel built before prefetch_one
-        kernel.set_tuning(s.prefetch, s.pair_as_triple, True)
-    else:  # also a kernel built before fma_rows (scripts/kernel_ab.py's base)
-        kernel.set_tuning(s.prefetch, s.pair_as_triple)
+    """Set ``s`` on ``kernel`` (no bookkeeping: ``apply`` records what the process runs with). Trailing options at
+    ``set_tuning``'s defaults are left out, so a kernel built before them (scripts/kernel_ab.py's base) takes ``s``
+    wherever it asks nothing that kernel lacks.
+    """
+    args = [s.prefetch, s.pair_as_triple, s.fma_rows, s.prefetch_one, s.fused_rows]
+    while len(args) > 2 and args[-1] == _SET_TUNING_DEFAULTS[len(args) - 3]:
+        args.pop()
+    kernel.set_tuning(*args)
 
 
 def tune_block_kernel(model: nn.Module, cache_dir: Path | None = None, kernel=None) -> KernelTuning | None:
