@@ -89,8 +89,9 @@ class ModelConfig:
     def inv_freq(self) -> torch.Tensor:
         """[Dh / 2] RoPE inverse frequencies, with rope scaling applied."""
         dim = self.head_dim
-        # float32 like transformers, so native and HF RoPE tables agree bit for bit
-        inv = 1.0 / (self.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        # float32 like transformers, so native and HF RoPE tables agree bit for bit; on the CPU even inside a meta
+        # build (torch's meta division imports torch._dynamo, ~1 s of a load)
+        inv = 1.0 / (self.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
         kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default"))
         if kind == "default":
             return inv

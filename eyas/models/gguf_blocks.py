@@ -135,9 +135,9 @@ def attach_gguf_blocks(model: nn.Module, gguf_path: str | Path) -> int:
     kernel = _KERNELS.get(model.dtype, lambda: None)()
     if kernel is None:
         return 0
-    import gguf
+    from eyas.formats.gguf_index import read_tensors
 
-    tensors = {t.name: t for t in gguf.GGUFReader(str(gguf_path)).tensors}
+    tensors = {t.name: t for t in read_tensors(gguf_path)}
     cfg = model.config
     count = 0
     for i, layer in enumerate(model.model.layers):

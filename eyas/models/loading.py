@@ -170,8 +170,7 @@ def native_from_dir(d: Path, dtype: torch.dtype) -> NativeLlama:
         raise ModelLoadError(f"{d}: {e}") from None
     with torch.device("meta"):
         model = NativeLlama(cfg)
-    model = model.to_empty(device="cpu")
-    model.load_hf_state_dict(read_state_dict(d))
+    model.load_hf_state_dict(read_state_dict(d), assign=True)
     return _finish(model, cfg, dtype)
 
 

@@ -133,12 +133,22 @@ def fuse_hf_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def _embedding(n: int, d: int) -> nn.Embedding:
+    """nn.Embedding(n, d), whose weight a meta-device build (a checkpoint's load) leaves uninitialised: torch's
+    normal_ on meta tensors imports torch._dynamo, ~1 s of every load.
+    """
+    w = torch.empty(n, d)
+    if w.device.type != "meta":
+        nn.init.normal_(w)
+    return nn.Embedding(n, d, _weight=w)
+
+
 class LlamaBody(nn.Module):
     """``model.*`` in transformers naming (projections fused)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = _embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(TargetLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -169,13 +179,15 @@ class NativeLlama(nn.Module, TargetModel):
     def _remap(self, sd: dict) -> dict:
         return {("lm_head_proj." + k[8:] if k.startswith("lm_head.") else k): v for k, v in sd.items()}
 
-    def load_hf_state_dict(self, sd: dict) -> None:
-        """A Hugging Face state dict (separate or already fused projections); fused here."""
+    def load_hf_state_dict(self, sd: dict, assign: bool = False) -> None:
+        """A Hugging Face state dict (separate or already fused projections); fused here. assign: take the tensors
+        as the parameters (a meta-device build) instead of copying into them.
+        """
         sd = fuse_hf_state_dict(self._remap(sd))
         if self.config.tie_word_embeddings:
             sd.pop("lm_head_proj.weight", None)
-        missing, unexpected = self.load_state_dict(sd, strict=False)
-        self.tie_weights()  # to_empty() unties shared parameters
+        missing, unexpected = self.load_state_dict(sd, strict=False, assign=assign)
+        self.tie_weights()  # to_empty() and assign untie shared parameters
         missing = [m for m in missing if not (self.config.tie_word_embeddings and m == "lm_head_proj.weight")]
         unexpected = [u for u in unexpected if "rotary_emb" not in u]
         if missing or unexpected:
