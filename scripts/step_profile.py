@@ -125,8 +125,9 @@ def main() -> None:
             sizes = ", ".join(f"{n}: {1e3 * statistics.median(v):.2f} ({len(v)})" for n, v in sorted(by_size.items()))
             print(f"  verify forward by tree size, median ms (steps): {sizes}")
             med = {n: [1e3 * statistics.median(x) for x in zip(*v, strict=True)] for n, v in verify_pieces.items()}
-            pieces = ", ".join(f"{n}: {p:.2f} / {t:.2f}" for n, (p, t) in sorted(med.items()))
-            print(f"  of it, the target's block-kernel projections / path attention, median ms: {pieces}")
+            pieces = ", ".join(f"{n}: {p:.2f} / {t:.2f} / {o:.2f}" for n, (p, t, o) in sorted(med.items()))
+            print(f"  of it, the target's block-kernel projections / path attention / output screen, median ms: "
+                  f"{pieces}")
         if a.parts and speculate:
             for k, v in parts.items():
                 print(f"  {k:44s} {1e3 * sum(v) / steps:6.2f} ms a step, {len(v) / steps:4.2f} calls")
@@ -135,29 +136,32 @@ def main() -> None:
           f"speculative {stps:.1f}  speedup {stps / ptps:.2f}")
 
 
-def verify_kernels() -> defaultdict[int, list[tuple[float, float]]]:
+def verify_kernels() -> defaultdict[int, list[tuple[float, float, float]]]:
     """Per verify forward outside prefill, by tree size: (s in the target's block-kernel projections, s in its path
-    attention with RoPE and the cache write) -- what a verify row costs beyond a plain token, split.
+    attention with RoPE and the cache write, s in the output screen with its exact candidates) -- what a verify row
+    costs beyond a plain token, split.
     """
     from eyas import kernels
+    from eyas.models.lm_screen import ArgmaxScreen
 
-    current, proj, attn = [0], [], []
-    out: defaultdict[int, list[tuple[float, float]]] = defaultdict(list)
+    current, proj, attn, screen = [0], [], [], []
+    out: defaultdict[int, list[tuple[float, float, float]]] = defaultdict(list)
     # the compiled modules' functions: the target's modules and its decode plan (eyas.models.decode_plan) both call
     # them through the module at every call
     wrap(kernels.gguf_bf16(), "linear", proj, when=lambda: current[0] > 0)
     wrap(kernels.LAYER_OPS(), "rope_cache", attn, when=lambda: current[0] > 0)
     wrap(kernels.path_attention(), "path_attention", attn, when=lambda: current[0] > 0)
+    wrap(ArgmaxScreen, "logits", screen, when=lambda: current[0] > 0)
     outer = SpecDecoder.verify_forward
 
     def verify_forward(self, seq, tree):
-        current[0], p0, a0 = tree.num_nodes, len(proj), len(attn)
+        current[0], p0, a0, s0 = tree.num_nodes, len(proj), len(attn), len(screen)
         try:
             return outer(self, seq, tree)
         finally:
             current[0] = 0
             if not IN_PREFILL[0]:
-                out[tree.num_nodes].append((sum(proj[p0:]), sum(attn[a0:])))
+                out[tree.num_nodes].append((sum(proj[p0:]), sum(attn[a0:]), sum(screen[s0:])))
 
     SpecDecoder.verify_forward = verify_forward
     return out

@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "gguf_quants.h"
@@ -179,39 +180,56 @@ void check(const torch::Tensor& x, const std::vector<torch::Tensor>& packed, int
               "lm_screen: packed weights from pack(blocks, K) with x's K, and 0 < V <= their groups * 16");
 }
 
+#ifdef EYAS_LM_SCREEN
+// Group after group of one thread's share, each group's 16 approximations and bounds per row in registers:
+// visit(g, acc, bound) for rows 0 .. r - 1 (acc, bound: r vectors).
+struct Screen {
+  const Rows& q;
+  const uint8_t* w;
+  const float *d, *l;
+  int64_t nblk;
+
+  template <typename Visit>
+  void run(int64_t g0, int64_t g1, Visit visit) const {
+    __m512 acc[MAXR], bnd[MAXR];
+    const __m512 grow = _mm512_set1_ps(1.0f + 0.0009765625f), out = _mm512_set1_ps(0.00390625f);
+    const __m512 slack = _mm512_set1_ps(1.01f), tiny = _mm512_set1_ps(ABS_SLACK);
+    const int64_t gw = nblk * 8 * 64, gs = nblk * LANES;
+    for (int64_t g = g0; g < g1; ++g) {
+      if (g + 2 < g1)  // the group after next, while this one multiplies
+        for (int64_t o = 0; o < gw; o += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(w + (g + 2) * gw + o), _MM_HINT_T0);
+      for (int64_t i0 = 0; i0 < q.r; i0 += RB) {
+        const int rows = static_cast<int>(std::min<int64_t>(RB, q.r - i0));
+        rows_pass(rows, q, i0, w + g * gw, d + g * gs, l + g * gs, acc + i0, bnd + i0);
+        for (int i = i0; i < i0 + rows; ++i)
+          bnd[i] = _mm512_add_ps(_mm512_fmadd_ps(
+              grow, bnd[i], _mm512_mul_ps(out, _mm512_fmadd_ps(slack, bnd[i], _mm512_abs_ps(acc[i])))), tiny);
+      }
+      visit(g, acc, bnd);
+    }
+  }
+};
+#endif
+
 // x [R, K] bf16, pack()'s tensors, V -> (approx [R, V], bound [R, V]) float32
 std::vector<torch::Tensor> approx(torch::Tensor x, std::vector<torch::Tensor> packed, int64_t n) {
   check(x, packed, n);
 #ifdef EYAS_LM_SCREEN
   x = x.contiguous();
-  const int64_t r = x.size(0), k = x.size(1), nblk = k / QK, groups = (n + LANES - 1) / LANES;
+  const int64_t r = x.size(0), k = x.size(1), groups = (n + LANES - 1) / LANES, stride = groups * LANES;
   const Rows q = quantise(x.data_ptr<at::BFloat16>(), r, k);
-  auto a = torch::empty({r, groups * LANES}, x.options().dtype(at::kFloat)), e = torch::empty_like(a);
-  const uint8_t* wd = packed[0].data_ptr<uint8_t>();
-  const float *dd = packed[1].data_ptr<float>(), *ld = packed[2].data_ptr<float>();
+  auto a = torch::empty({r, stride}, x.options().dtype(at::kFloat)), e = torch::empty_like(a);
   float *ad = a.data_ptr<float>(), *ed = e.data_ptr<float>();
-  const int64_t stride = groups * LANES;
+  const Screen screen{q, packed[0].data_ptr<uint8_t>(), packed[1].data_ptr<float>(), packed[2].data_ptr<float>(),
+                      k / QK};
   at::parallel_for(0, groups, 16, [&](int64_t g0, int64_t g1) {
-    __m512 acc[RB], bnd[RB];
-    const __m512 grow = _mm512_set1_ps(1.0f + 0.0009765625f), out = _mm512_set1_ps(0.00390625f);
-    const __m512 slack = _mm512_set1_ps(1.01f), tiny = _mm512_set1_ps(ABS_SLACK);
-    for (int64_t g = g0; g < g1; ++g) {
-      const uint8_t* w = wd + g * nblk * 8 * 64;
-      const float *d = dd + g * nblk * LANES, *l = ld + g * nblk * LANES;
-      if (g + 2 < g1)  // the group after next, while this one multiplies
-        for (int64_t o = 0; o < nblk * 8 * 64; o += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(w + 2 * nblk * 8 * 64 + o), _MM_HINT_T0);
-      for (int64_t i0 = 0; i0 < r; i0 += RB) {
-        const int rows = static_cast<int>(std::min<int64_t>(RB, r - i0));
-        rows_pass(rows, q, i0, w, d, l, acc, bnd);
-        for (int i = 0; i < rows; ++i) {
-          const __m512 bound = _mm512_add_ps(_mm512_fmadd_ps(
-              grow, bnd[i], _mm512_mul_ps(out, _mm512_fmadd_ps(slack, bnd[i], _mm512_abs_ps(acc[i])))), tiny);
-          _mm512_storeu_ps(ad + (i0 + i) * stride + g * LANES, acc[i]);
-          _mm512_storeu_ps(ed + (i0 + i) * stride + g * LANES, bound);
-        }
+    screen.run(g0, g1, [&](int64_t g, const __m512* acc, const __m512* bnd) {
+      for (int64_t i = 0; i < r; ++i) {
+        _mm512_storeu_ps(ad + i * stride + g * LANES, acc[i]);
+        _mm512_storeu_ps(ed + i * stride + g * LANES, bnd[i]);
       }
-    }
+    });
   });
   return {a.narrow(1, 0, n), e.narrow(1, 0, n)};
 #else
@@ -219,44 +237,70 @@ std::vector<torch::Tensor> approx(torch::Tensor x, std::vector<torch::Tensor> pa
 #endif
 }
 
-// x [R, K] bf16, pack()'s tensors, V -> [C] long: sorted vocabulary ids that can be some row's argmax; empty when an
-// approximation is not finite (the caller then computes every logit)
+// x [R, K] bf16, pack()'s tensors, V -> [C] long: sorted vocabulary ids that can be some row's argmax (every v with
+// a[i, v] + e[i, v] >= max_u (a[i, u] - e[i, u]) for some row i, approx()'s values); empty when an approximation is
+// not finite (the caller then computes every logit). Nothing [R, V] is written: each chunk of groups keeps, as it
+// goes, the ids whose interval reaches its running best lower bound (a superset: the bound only rises) with their
+// upper ends, and the merged list is filtered by the rows' final bounds.
 torch::Tensor candidates(torch::Tensor x, std::vector<torch::Tensor> packed, int64_t n) {
-  const auto ae = approx(x, packed, n);
+  check(x, packed, n);
 #ifdef EYAS_LM_SCREEN
-  const int64_t r = ae[0].size(0), stride = ae[0].stride(0), full = n / LANES * LANES;
-  const float *a = ae[0].data_ptr<float>(), *e = ae[1].data_ptr<float>();
-  std::vector<float> lo(static_cast<size_t>(r));
-  __mmask16 bad = 0;
-  for (int64_t i = 0; i < r; ++i) {
-    __m512 m = _mm512_set1_ps(-INFINITY);
-    for (int64_t v = 0; v < full; v += LANES) {
-      const __m512 av = _mm512_loadu_ps(a + i * stride + v), ev = _mm512_loadu_ps(e + i * stride + v);
-      bad |= _mm512_fpclass_ps_mask(av, 0x99) | _mm512_fpclass_ps_mask(ev, 0x99);  // NaN or infinite
-      m = _mm512_max_ps(m, _mm512_sub_ps(av, ev));
-    }
-    float best = _mm512_reduce_max_ps(m);
-    for (int64_t v = full; v < n; ++v) {
-      if (!std::isfinite(a[i * stride + v]) || !std::isfinite(e[i * stride + v])) bad = 1;
-      best = std::max(best, a[i * stride + v] - e[i * stride + v]);
-    }
-    lo[i] = best;
-  }
-  if (bad) return torch::empty({0}, torch::kLong);
-  std::vector<int64_t> ids;
-  for (int64_t v = 0; v < full; v += LANES) {
-    __mmask16 hit = 0;
-    for (int64_t i = 0; i < r; ++i)
-      hit |= _mm512_cmp_ps_mask(_mm512_add_ps(_mm512_loadu_ps(a + i * stride + v), _mm512_loadu_ps(e + i * stride + v)),
-                                _mm512_set1_ps(lo[i]), _CMP_GE_OQ);
-    for (; hit; hit &= hit - 1) ids.push_back(v + __builtin_ctz(hit));
-  }
-  for (int64_t v = full; v < n; ++v)
-    for (int64_t i = 0; i < r; ++i)
-      if (a[i * stride + v] + e[i * stride + v] >= lo[i]) {
-        ids.push_back(v);
-        break;
+  x = x.contiguous();
+  const int64_t r = x.size(0), k = x.size(1), groups = (n + LANES - 1) / LANES;
+  const Rows q = quantise(x.data_ptr<at::BFloat16>(), r, k);
+  const Screen screen{q, packed[0].data_ptr<uint8_t>(), packed[1].data_ptr<float>(), packed[2].data_ptr<float>(),
+                      k / QK};
+  struct Share {  // one chunk's: where it began, its ids, their upper ends [id][row], its rows' best lower bounds
+    int64_t g0 = 0;
+    std::vector<int64_t> ids;
+    std::vector<float> hi;
+    float lo[MAXR];
+    bool bad = false;
+  };
+  std::vector<Share> shares;
+  std::mutex done;
+  at::parallel_for(0, groups, 16, [&](int64_t g0, int64_t g1) {
+    Share s;
+    s.g0 = g0;
+    std::fill(s.lo, s.lo + MAXR, -INFINITY);
+    alignas(64) float top[MAXR][LANES];
+    screen.run(g0, g1, [&](int64_t g, const __m512* acc, const __m512* bnd) {
+      const int64_t live = std::min<int64_t>(LANES, n - g * LANES);
+      const __mmask16 valid = live == LANES ? __mmask16(0xFFFF) : __mmask16((1u << live) - 1);
+      __mmask16 hit = 0;
+      for (int64_t i = 0; i < r; ++i) {
+        s.bad |= (_mm512_mask_fpclass_ps_mask(valid, acc[i], 0x99) | _mm512_mask_fpclass_ps_mask(valid, bnd[i], 0x99));
+        s.lo[i] = std::max(s.lo[i], _mm512_mask_reduce_max_ps(valid, _mm512_sub_ps(acc[i], bnd[i])));
+        const __m512 up = _mm512_add_ps(acc[i], bnd[i]);
+        hit |= _mm512_mask_cmp_ps_mask(valid, up, _mm512_set1_ps(s.lo[i]), _CMP_GE_OQ);
+        _mm512_store_ps(top[i], up);
       }
+      for (; hit; hit &= hit - 1) {
+        const int lane = __builtin_ctz(hit);
+        s.ids.push_back(g * LANES + lane);
+        for (int64_t i = 0; i < r; ++i) s.hi.push_back(top[i][lane]);
+      }
+    });
+    std::lock_guard<std::mutex> lock(done);
+    shares.push_back(std::move(s));
+  });
+  float lo[MAXR];
+  std::fill(lo, lo + MAXR, -INFINITY);
+  std::vector<const Share*> order;
+  for (const Share& s : shares) {
+    if (s.bad) return torch::empty({0}, torch::kLong);
+    for (int64_t i = 0; i < r; ++i) lo[i] = std::max(lo[i], s.lo[i]);
+    order.push_back(&s);
+  }
+  std::sort(order.begin(), order.end(), [](const Share* a, const Share* b) { return a->g0 < b->g0; });
+  std::vector<int64_t> ids;
+  for (const Share* s : order)
+    for (size_t j = 0; j < s->ids.size(); ++j)
+      for (int64_t i = 0; i < r; ++i)
+        if (s->hi[j * r + i] >= lo[i]) {
+          ids.push_back(s->ids[j]);
+          break;
+        }
   auto out = torch::empty({static_cast<int64_t>(ids.size())}, torch::kLong);
   std::memcpy(out.data_ptr<int64_t>(), ids.data(), ids.size() * sizeof(int64_t));
   return out;

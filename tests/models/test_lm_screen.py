@@ -81,6 +81,24 @@ def test_argmax_and_candidate_bits_equal_the_full_projections(r):
     assert int(kept.sum(-1).max()) < 3000 // 4  # and most entries were screened out
 
 
+@pytest.mark.parametrize("vocab", [1000, 4096, 49152])  # padding lanes; whole groups; the embedded default's size
+@pytest.mark.parametrize("r", [1, 2, 7, 9, 16])  # one and two passes of 8 rows over a group
+def test_candidates_are_every_entry_whose_interval_reaches_the_best_lower_bound(vocab, r):
+    """The kernel's candidate list (kept as it goes, never written as [R, V]) is the set approx() defines, in order."""
+    proj = projection(random_blocks("Q8_0", vocab, K, seed=3 * vocab + r))
+    x = rows(r, seed=7 * r)
+    packed = SCREEN.pack(proj.__dict__["_eyas_blocks"].data, K)
+    a, e = SCREEN.approx(x, packed, vocab)
+    lo = (a - e).max(dim=1, keepdim=True).values
+    want = torch.nonzero(((a + e) >= lo).any(dim=0)).flatten()
+    got = SCREEN.candidates(x, packed, vocab)
+    assert torch.equal(got, want)
+    # rows whose best entries all lie in the last group, and one of a single entry: the running bound starts there
+    x2 = torch.zeros(r, K, dtype=torch.bfloat16)
+    assert torch.equal(SCREEN.candidates(x2, packed, vocab), torch.arange(vocab))  # all equal: every entry ties
+    assert SCREEN.candidates(x2, packed, 1).tolist() == [0]
+
+
 def test_ties_resolve_to_the_first_index():
     raw = random_blocks("Q8_0", 600, K, seed=5).reshape(600, K // 32, 34)
     x = rows(4, seed=6, outliers=1.0)
