@@ -2,9 +2,10 @@
 
 Plain greedy decoding of the same GGUF file on the same prompt token ids, timed apart: prompt
 processing (one ``eval`` of the prompt) and decoding (one ``eval`` per generated token, argmax of
-its logits). Weights caveat: llama.cpp computes on the GGUF's quantized weights (Q4_1 for the
-embedded SmolLM2), eyas on the weights dequantized to bf16/fp32 once, so llama.cpp streams about
-4x fewer weight bytes per token and its greedy text may differ from eyas's.
+its logits). Weights caveat (``weights_caveat``): where eyas's projections read the GGUF file's blocks
+(a GGUF target on a CPU, eyas.models.gguf_blocks) both sides stream the same quantized bytes and differ in
+arithmetic (llama.cpp rounds the activations to 8 bits); elsewhere eyas computes on weights dequantized to
+bf16/fp32 once and llama.cpp streams about 4x fewer weight bytes per token. Greedy texts may differ.
 
 Optional: ``pip install 'eyas[llamacpp]'`` builds llama-cpp-python from source
 (``CMAKE_ARGS="-DGGML_NATIVE=ON"``, about 8 minutes on 2 cores); never part of the default install or CI.
@@ -18,8 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
-WEIGHTS_CAVEAT = ("llama.cpp computes on the GGUF's quantized weights (Q4_1 here); eyas on weights dequantized "
-                  "to its --dtype, so llama.cpp reads ~4x fewer weight bytes per token; texts may differ")
+
+def weights_caveat(reads_blocks: bool) -> str:
+    """What differs between the two sides' weights; reads_blocks: eyas's target projections read the GGUF's blocks."""
+    if reads_blocks:
+        return ("both read the GGUF's quantized weights (Q4_1 / Q8_0 blocks here): llama.cpp multiplies them with "
+                "activations rounded to 8 bits, eyas dequantizes them in registers to its --dtype; texts may differ")
+    return ("llama.cpp computes on the GGUF's quantized weights (Q4_1 here); eyas on weights dequantized to its "
+            "--dtype, so llama.cpp reads ~4x fewer weight bytes per token; texts may differ")
 
 
 @dataclass

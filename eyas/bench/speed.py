@@ -110,7 +110,7 @@ class SpeedReport:
             out.update({"exact_plain_tokens_per_second": tokens / ex_s, "fast_plain_tokens_per_second": tokens / fast_s,
                         "exact_mode_cost": ex_s / fast_s})
         if q[0].llamacpp_decode_tps is not None:
-            out.update(_split_rates(q))
+            out.update(_split_rates(q, bool((self.settings.get("target_projections") or {}).get("gguf_blocks"))))
         if q[0].hf_tps is not None:
             hf_s = sum(r.new_tokens / r.hf_tps for r in q)
             lk_s = sum(r.new_tokens / r.hf_lookup_tps for r in q)
@@ -125,19 +125,21 @@ class SpeedReport:
         return {"settings": self.settings, "summary": self.summary(), "questions": qs}
 
 
-def _split_rates(q: list[QuestionResult]) -> dict:
-    """Prompt and decode tok/s of eyas plain decoding and llama.cpp (harmonic: total tokens / total time)."""
+def _split_rates(q: list[QuestionResult], reads_blocks: bool) -> dict:
+    """Prompt and decode tok/s of eyas plain decoding and llama.cpp (harmonic: total tokens / total time);
+    reads_blocks: eyas's target projections read the GGUF's blocks (the weights caveat says which).
+    """
     def rate(attr: str) -> float:
         return len(q) / sum(1 / getattr(r, attr) for r in q)
 
-    from eyas.bench.llamacpp import WEIGHTS_CAVEAT
+    from eyas.bench.llamacpp import weights_caveat
 
     eyas_dec, ll_dec = rate("plain_decode_tps"), rate("llamacpp_decode_tps")
     return {"eyas_plain_decode_tokens_per_second": eyas_dec,
             "eyas_plain_prompt_tokens_per_second": rate("plain_prompt_tps"),
             "llamacpp_decode_tokens_per_second": ll_dec,
             "llamacpp_prompt_tokens_per_second": rate("llamacpp_prompt_tps"),
-            "eyas_plain_decode_vs_llamacpp": eyas_dec / ll_dec, "llamacpp_weights_caveat": WEIGHTS_CAVEAT,
+            "eyas_plain_decode_vs_llamacpp": eyas_dec / ll_dec, "llamacpp_weights_caveat": weights_caveat(reads_blocks),
             "llamacpp_token_agreement": sum(r.llamacpp_agreement or 0.0 for r in q) / len(q)}
 
 
@@ -169,6 +171,15 @@ def head_projections(drafter) -> dict[str, int] | None:
             blocks = mod.__dict__.get("_eyas_blocks")
             kind = "int8" if isinstance(blocks, Int8Rows) else "q8_0" if isinstance(blocks, GGUFBlocks) else "dense"
             counts[kind] += 1
+    return counts
+
+
+def target_projections(model) -> dict[str, int]:
+    """The target's projections by what they read: the GGUF file's blocks or a dense weight."""
+    counts = {"gguf_blocks": 0, "dense": 0}
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.Linear):
+            counts["gguf_blocks" if "_eyas_blocks" in mod.__dict__ else "dense"] += 1
     return counts
 
 
@@ -363,7 +374,8 @@ def cmd_speed(a) -> int:
                     torch=torch.__version__, dtype_used=str(spec.target.model.dtype).removeprefix("torch."),
                     exact=spec.exact, date=time.strftime("%Y-%m-%d"), tree_used=spec.drafter_spec.tree,
                     tree_choice=spec.tree_choice.to_dict() if spec.tree_choice is not None else None,
-                    head_projections=head_projections(spec.drafter))
+                    head_projections=head_projections(spec.drafter),
+                    target_projections=target_projections(spec.target.model))
     report = run_speed(spec, questions, params, a.compare_hf, a.warmup, settings, a.compare_llamacpp,
                        a.turns, a.prefix_cache_mb)
     # decided at the first greedy forward (timed once per machine): "screened", "full", or None where never asked

@@ -66,7 +66,10 @@ def test_summary_reports_prompt_and_decode_rates_apart():
     assert s["eyas_plain_decode_tokens_per_second"] == pytest.approx(2 / (1 / 50 + 1 / 25))
     assert s["llamacpp_decode_tokens_per_second"] == pytest.approx(100.0)
     assert s["eyas_plain_decode_vs_llamacpp"] == pytest.approx(2 / (1 / 50 + 1 / 25) / 100)
-    assert "Q4_1" in s["llamacpp_weights_caveat"]
+    assert "Q4_1" in s["llamacpp_weights_caveat"] and "4x fewer" in s["llamacpp_weights_caveat"]
+    # a target whose projections read the GGUF blocks streams the same bytes as llama.cpp: the caveat says so
+    s = SpeedReport(settings={"target_projections": {"gguf_blocks": 121, "dense": 0}}, questions=rows).summary()
+    assert "both read" in s["llamacpp_weights_caveat"] and "4x fewer" not in s["llamacpp_weights_caveat"]
 
 
 def test_summary_reports_the_decode_only_speedup_beside_the_end_to_end_one():
