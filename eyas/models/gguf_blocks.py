@@ -135,9 +135,7 @@ def attach_gguf_blocks(model: nn.Module, gguf_path: str | Path) -> int:
     kernel = _KERNELS.get(model.dtype, lambda: None)()
     if kernel is None:
         return 0
-    from eyas.formats.gguf_index import read_tensors
-
-    tensors = {t.name: t for t in read_tensors(gguf_path)}
+    tensors = file_tensors(gguf_path)
     cfg = model.config
     count = 0
     for i, layer in enumerate(model.model.layers):
@@ -147,6 +145,20 @@ def attach_gguf_blocks(model: nn.Module, gguf_path: str | Path) -> int:
     head = tensors.get("output.weight") if "output.weight" in tensors else tensors.get("token_embd.weight")
     count += _attach(model.lm_head_proj, [head], ("output",), cfg, kernel)
     return count
+
+
+def file_tensors(gguf_path: str | Path) -> dict:
+    """A GGUF file's tensors by name (``.tensor_type``, ``.data`` as gguf-py gives them): eyas.formats.gguf_index's
+    quick read of the tensor table, or gguf-py's full reader for a file that one does not understand.
+    """
+    from eyas.formats.gguf_index import GGUFIndexError, read_tensors
+
+    try:
+        return {t.name: t for t in read_tensors(gguf_path)}
+    except GGUFIndexError:
+        import gguf
+
+        return {t.name: t for t in gguf.GGUFReader(str(gguf_path)).tensors}
 
 
 def quantize_q8_0(w: torch.Tensor) -> torch.Tensor:

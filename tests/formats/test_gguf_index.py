@@ -76,3 +76,22 @@ def test_other_files_are_refused_by_name(tmp_path):
     (tmp_path / "short.gguf").write_bytes(raw[:-100])  # into the last tensor, past its padding
     with pytest.raises(GGUFIndexError, match="runs past the end"):
         read_tensors(tmp_path / "short.gguf")
+
+
+def test_a_file_the_index_refuses_is_read_by_gguf_py(tmp_path, monkeypatch):
+    """attach_gguf_blocks reads the tensor table through the index, and through gguf-py where the index refuses."""
+    from eyas.formats import gguf_index
+    from eyas.models.gguf_blocks import file_tensors
+
+    path = tmp_path / "t.gguf"
+    write_gguf(path)
+    assert type(file_tensors(path)["q8"]).__name__ == "GGUFTensor"
+
+    def refuse(p):
+        raise GGUFIndexError("not understood")
+
+    monkeypatch.setattr(gguf_index, "read_tensors", refuse)
+    tensors = file_tensors(path)
+    assert type(tensors["q8"]).__name__ == "ReaderTensor"
+    assert list(tensors) == ["f32", "f16", "i32", "q8"]
+    assert np.array_equal(tensors["q8"].data, read_tensors(path)[3].data)
