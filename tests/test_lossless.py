@@ -450,6 +450,32 @@ def test_embedded_default_through_eyas_load_is_lossless(real):
 
 
 @pytest.mark.slow
+def test_load_warms_up_with_a_short_greedy_generation_and_keeps_none_of_it(real, monkeypatch):
+    """eyas.load ends with one 2-token greedy generation (first-use work at load); the prefix cache made after it
+    holds nothing, and the first real generation is still plain decoding's tokens. warmup=False skips it."""
+    import eyas
+    from eyas.api import Speculator
+
+    _, refs = real
+    calls = []
+    real_generate = Speculator.generate
+
+    def generate(self, *args, **kw):
+        calls.append((args, kw))
+        return real_generate(self, *args, **kw)
+
+    monkeypatch.setattr(Speculator, "generate", generate)
+    spec = eyas.load(drafter="ngram", dtype="float32", prefix_cache_mb=16)
+    assert calls == [(("Hello",), {"max_new_tokens": 2})]
+    assert len(spec.prefix_cache) == 0
+    q = REAL_PROMPTS[0]
+    assert spec.generate(q, max_new_tokens=REAL_NEW).token_ids == refs[q]
+    calls.clear()
+    eyas.load(drafter="ngram", dtype="float32", warmup=False)
+    assert calls == []
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "tree"),
     [("ngram", None), ("eagle", "dynamic:3,3,6"), ("eagle", "static:[[0],[1],[0,0],[0,1],[1,0]]")],
