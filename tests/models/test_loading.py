@@ -52,6 +52,19 @@ def test_safetensors_dir_loads_with_both_backends(tmp_path, tiny, kind):
     _assert_matches_hf(generic.model, hf, tiny)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_eyas_load_with_the_hf_backend_generates_as_plain_decoding(tmp_path, tiny, dtype):
+    """eyas.load(backend="hf") in float32 once failed deciding exact mode (HFTarget is not an nn.Module)."""
+    import eyas
+
+    tiny.hf("llama").save_pretrained(tmp_path)
+    _save_tokenizer(tmp_path)
+    spec = eyas.load(str(tmp_path), drafter="ngram", dtype=dtype, backend="hf")
+    assert isinstance(spec.target.model, HFTarget) and spec.exact == (dtype != "float32")
+    out = spec.generate("w3 w7 w3 w7", chat=False, max_new_tokens=12)
+    assert out.token_ids == spec.generate("w3 w7 w3 w7", chat=False, max_new_tokens=12, speculate=False).token_ids
+
+
 def test_sharded_safetensors_dir_loads(tmp_path, tiny):
     hf = tiny.hf("llama_bias")
     hf.save_pretrained(tmp_path, max_shard_size="60KB")
