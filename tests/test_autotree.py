@@ -125,6 +125,18 @@ def test_head_dir_of_names(tmp_path, llama):
     assert autotree.head_dir_of(target, DrafterSpec(str(tmp_path))) is None  # a directory, not a head
 
 
+def test_the_cost_key_of_an_hf_backend_target(tmp_path, tiny, llama):
+    """The HF backend's target is not an nn.Module (its model is .hf): the key has no blocks and no quantized kinds
+    (sizing the default head's tree on --backend hf once failed here), and differs from the native model's."""
+    from eyas.models.hf import HFTarget
+
+    hf = LoadedTarget(model=HFTarget(tiny.hf("llama", seed=0)), tokenizer=None, path=tmp_path, name="tiny")
+    key = autotree.tree_cost_key(hf, tmp_path, exact=False, hybrid=True)
+    assert key["gguf_blocks"] == 0 and key["quantized"] == []
+    native = LoadedTarget(model=llama, tokenizer=None, path=tmp_path, name="tiny")
+    assert key != autotree.tree_cost_key(native, tmp_path, exact=False, hybrid=True)
+
+
 # ---- integration: eyas.load, eyas generate --json, the server's policy endpoint (embedded model) ------
 @pytest.fixture
 def fake_costs(tmp_path, monkeypatch):
