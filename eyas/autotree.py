@@ -189,10 +189,8 @@ def tree_cost_key(target: LoadedTarget, head_dir: Path, exact: bool, hybrid: boo
     eyas.models.machine_cache.machine_key).
     """
     model = target.model
-    native = isinstance(model, torch.nn.Module)  # the HF backend's target wraps its model (.hf): none of our kinds
-    mods = list(model.modules()) if native else []
     # the HF backend's costs apart from the native model's (a key the native one never has: its tables stay valid)
-    backend = {} if native else {"backend": type(model).__name__}
+    backend = {} if isinstance(model, torch.nn.Module) else {"backend": type(model).__name__}
     return machine_key(
         target=target.name, dtype=str(model.dtype), device=str(model.device), exact=exact, head=head_dir.name,
         widths=list(WIDTHS), hybrid=hybrid, draft_fit="paired-6x24-nnls5", step_fit="paired-3x12-monotone",
@@ -203,7 +201,7 @@ def tree_cost_key(target: LoadedTarget, head_dir: Path, exact: bool, hybrid: boo
         # float32 projections at few rows through the streaming kernel: verify widths 2-16 cost far less
         skinny=model.dtype == torch.float32 and skinny_gemm_ready(),
         # bf16 projections read from GGUF blocks (eyas.models.gguf_blocks): cheaper at one row, dearer wide
-        gguf_blocks=sum("_eyas_blocks" in m.__dict__ for m in mods),
+        gguf_blocks=sum("_eyas_blocks" in m.__dict__ for m in model.modules()),
         gguf_tuning=asdict(gguf_tuning.active()),  # the block kernel's per-CPU choices (eyas.models.gguf_tuning)
         head_q8=os.environ.get("EYAS_HEAD_Q8", "1") != "0",  # the head's Q8_0 weights
         # greedy steps' output projection screened (eyas.models.lm_screen): a verify row costs less
@@ -211,7 +209,7 @@ def tree_cost_key(target: LoadedTarget, head_dir: Path, exact: bool, hybrid: boo
         # the head's int8 projections (eyas.models.int8_rows): a tree level costs about half
         head_int8=model.device.type == "cpu" and int8_head_ready(head_compute_dtype(model)),
         # int8 projections cost differently by width (eyas.models.quant): a separate table
-        quantized=sorted({type(m).__name__ for m in mods if hasattr(m, "scales")}), **backend)
+        quantized=sorted({type(m).__name__ for m in model.modules() if hasattr(m, "scales")}), **backend)
 
 
 def machine_costs(target: LoadedTarget, head_dir: Path, exact: bool, hybrid: bool = False) -> tuple[dict, DraftCost]:

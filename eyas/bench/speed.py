@@ -177,7 +177,7 @@ def head_projections(drafter) -> dict[str, int] | None:
 def target_projections(model) -> dict[str, int]:
     """The target's projections by what they read: the GGUF file's blocks or a dense weight."""
     counts = {"gguf_blocks": 0, "dense": 0}
-    for mod in model.modules() if isinstance(model, torch.nn.Module) else model.hf.modules():  # HF backend: .hf
+    for mod in model.modules():
         if isinstance(mod, torch.nn.Linear):
             counts["gguf_blocks" if "_eyas_blocks" in mod.__dict__ else "dense"] += 1
     return counts

@@ -144,6 +144,12 @@ class HFTarget(TargetModel):
     def device(self) -> torch.device:
         return self.hf.get_input_embeddings().weight.device
 
+    def modules(self):
+        """The wrapped transformers model's modules: what checks over a target's projections read (none of them
+        carries eyas's GGUF blocks or int8 weights here).
+        """
+        return self.hf.modules()
+
     def new_cache(self, batch: int, max_slots: int) -> HFCache:
         return HFCache.empty(batch, max_slots, self.device)
 
