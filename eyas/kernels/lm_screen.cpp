@@ -181,13 +181,20 @@ void check(const torch::Tensor& x, const std::vector<torch::Tensor>& packed, int
 }
 
 #ifdef EYAS_LM_SCREEN
-// Group after group of one thread's share, each group's 16 approximations and bounds per row in registers:
-// visit(g, acc, bound) for rows 0 .. r - 1 (acc, bound: r vectors).
+// One call's rows (x [R, K] bf16, quantised) against pack()'s tensors: group after group of one thread's share, each
+// group's 16 approximations and bounds per row in registers, visit(g, acc, bound) for rows 0 .. r - 1 (r vectors).
 struct Screen {
-  const Rows& q;
+  const Rows q;
   const uint8_t* w;
   const float *d, *l;
   int64_t nblk;
+
+  Screen(const torch::Tensor& x, const std::vector<torch::Tensor>& packed)  // x contiguous
+      : q(quantise(x.data_ptr<at::BFloat16>(), x.size(0), x.size(1))),
+        w(packed[0].data_ptr<uint8_t>()),
+        d(packed[1].data_ptr<float>()),
+        l(packed[2].data_ptr<float>()),
+        nblk(x.size(1) / QK) {}
 
   template <typename Visit>
   void run(int64_t g0, int64_t g1, Visit visit) const {
@@ -217,12 +224,10 @@ std::vector<torch::Tensor> approx(torch::Tensor x, std::vector<torch::Tensor> pa
   check(x, packed, n);
 #ifdef EYAS_LM_SCREEN
   x = x.contiguous();
-  const int64_t r = x.size(0), k = x.size(1), groups = (n + LANES - 1) / LANES, stride = groups * LANES;
-  const Rows q = quantise(x.data_ptr<at::BFloat16>(), r, k);
+  const int64_t r = x.size(0), groups = (n + LANES - 1) / LANES, stride = groups * LANES;
+  const Screen screen(x, packed);
   auto a = torch::empty({r, stride}, x.options().dtype(at::kFloat)), e = torch::empty_like(a);
   float *ad = a.data_ptr<float>(), *ed = e.data_ptr<float>();
-  const Screen screen{q, packed[0].data_ptr<uint8_t>(), packed[1].data_ptr<float>(), packed[2].data_ptr<float>(),
-                      k / QK};
   at::parallel_for(0, groups, 16, [&](int64_t g0, int64_t g1) {
     screen.run(g0, g1, [&](int64_t g, const __m512* acc, const __m512* bnd) {
       for (int64_t i = 0; i < r; ++i) {
@@ -246,10 +251,8 @@ torch::Tensor candidates(torch::Tensor x, std::vector<torch::Tensor> packed, int
   check(x, packed, n);
 #ifdef EYAS_LM_SCREEN
   x = x.contiguous();
-  const int64_t r = x.size(0), k = x.size(1), groups = (n + LANES - 1) / LANES;
-  const Rows q = quantise(x.data_ptr<at::BFloat16>(), r, k);
-  const Screen screen{q, packed[0].data_ptr<uint8_t>(), packed[1].data_ptr<float>(), packed[2].data_ptr<float>(),
-                      k / QK};
+  const int64_t r = x.size(0), groups = (n + LANES - 1) / LANES;
+  const Screen screen(x, packed);
   struct Share {  // one chunk's: where it began, its ids, their upper ends [id][row], its rows' best lower bounds
     int64_t g0 = 0;
     std::vector<int64_t> ids;
@@ -286,19 +289,17 @@ torch::Tensor candidates(torch::Tensor x, std::vector<torch::Tensor> packed, int
   });
   float lo[MAXR];
   std::fill(lo, lo + MAXR, -INFINITY);
-  std::vector<const Share*> order;
   for (const Share& s : shares) {
     if (s.bad) return torch::empty({0}, torch::kLong);
     for (int64_t i = 0; i < r; ++i) lo[i] = std::max(lo[i], s.lo[i]);
-    order.push_back(&s);
   }
-  std::sort(order.begin(), order.end(), [](const Share* a, const Share* b) { return a->g0 < b->g0; });
+  std::sort(shares.begin(), shares.end(), [](const Share& a, const Share& b) { return a.g0 < b.g0; });  // ids ascend
   std::vector<int64_t> ids;
-  for (const Share* s : order)
-    for (size_t j = 0; j < s->ids.size(); ++j)
+  for (const Share& s : shares)
+    for (size_t j = 0; j < s.ids.size(); ++j)
       for (int64_t i = 0; i < r; ++i)
-        if (s->hi[j * r + i] >= lo[i]) {
-          ids.push_back(s->ids[j]);
+        if (s.hi[j * r + i] >= lo[i]) {
+          ids.push_back(s.ids[j]);
           break;
         }
   auto out = torch::empty({static_cast<int64_t>(ids.size())}, torch::kLong);
