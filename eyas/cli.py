@@ -4,6 +4,7 @@ eyas generate "PROMPT" [--model M] [--drafter none|ngram|PATH] [--tree ...] [--j
 eyas bench speed --questions FILE [--limit K] [--drafter ...] [--json OUT]
 eyas bench load --url URL [--concurrency 1,4,16] [--compare-speculation] [--json OUT] [--plot PNG]
 eyas convert SRC OUT --to eagle3|speculators|gguf|eagle1|eagle1-vllm|medusa|medusa-vllm [--verifier NAME_OR_DIR]
+eyas cache [info | purge [--stale] [--only conversions|kernels|timings]]
 """
 
 from __future__ import annotations
@@ -210,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     from eyas.formats.convert import add_convert_parser
 
     add_convert_parser(sub)
+    from eyas.cache import add_cache_parser
+
+    add_cache_parser(sub)
     return p
 
 
@@ -220,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # output piped into head and the like
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so the interpreter's final flush does not fail too
+        return 0
     except (ValueError, FileNotFoundError, KeyError) as e:  # user errors: one clear line, no traceback
         if os.environ.get("EYAS_DEBUG"):
             raise

@@ -56,6 +56,8 @@ LAYERS: dict[str, int] = {
     "train": 4,
     "data": 4,
     "bench": 4,
+    # `eyas cache`: lists and removes what models (conversions, timings) and kernels keep on disk
+    "cache": 4,
     "cli": 4,
     "__main__": 4,
 }

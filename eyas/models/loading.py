@@ -3,7 +3,9 @@
 Weights load through safetensors or ``torch.load(weights_only=True)`` only.
 A GGUF file is dequantised once through transformers + gguf and cached as a
 plain HF directory (config.json + model.safetensors + tokenizer) under
-``$EYAS_CACHE`` (default ``~/.cache/eyas``), so later loads take about a second.
+``$EYAS_CACHE`` (default ``~/.cache/eyas``), named by the file's content so
+every copy of it shares one; later loads take about a second. ``eyas cache``
+lists and removes what is cached.
 """
 
 from __future__ import annotations
@@ -115,18 +117,70 @@ def _from_hub(spec: str) -> Path:
 
 
 def gguf_to_dir(gguf: Path) -> Path:
-    """Dequantise a GGUF file once into a cached HF directory; return that directory."""
+    """Dequantise a GGUF file once into a cached HF directory; return that directory.
+
+    The directory is named by the file's content (``<stem>-<sha256[:16]>``), so every clone, venv or copy of the same
+    file shares one conversion (538 MB for the embedded default); ``gguf_digest`` hashes a path once per size and
+    mtime. A directory of the older path-and-mtime naming for this very file is renamed instead of converting again.
+    """
+    digest = gguf_digest(gguf)
+    out = cache_root() / f"{gguf.stem}-{digest[:16]}"
+    if not (out / "model.safetensors").exists():
+        legacy = cache_root() / f"{gguf.stem}-{_stat_key(gguf)}"
+        if (legacy / "model.safetensors").exists() and not out.exists():
+            try:
+                legacy.rename(out)
+            except OSError:  # another process renamed or converted it first
+                pass
+    if not (out / "model.safetensors").exists():
+        _convert_gguf(gguf, out)
+    record_source(out, gguf, digest)
+    return out
+
+
+def _stat_key(gguf: Path) -> str:
     st = gguf.stat()
-    key = hashlib.sha1(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    out = cache_root() / f"{gguf.stem}-{key}"
-    if (out / "model.safetensors").exists():
-        return out
+    return hashlib.sha1(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+
+
+def gguf_digest(gguf: Path) -> str:
+    """The file's sha256, read from ``$EYAS_CACHE/gguf_digests/<path, size and mtime key>`` after the first time."""
+    stamp = cache_root() / "gguf_digests" / _stat_key(gguf)
+    if stamp.exists():
+        return stamp.read_text().strip()
+    with gguf.open("rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    tmp = stamp.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(digest + "\n")
+    tmp.replace(stamp)
+    return digest
+
+
+def record_source(out: Path, gguf: Path, digest: str) -> None:
+    """Note in ``out/source.json`` which GGUF paths a conversion serves (``eyas cache`` lists them)."""
+    path = out / "source.json"
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError):
+        rec = {"sha256": digest, "sources": []}
+    where = str(gguf.resolve())
+    if where in rec.get("sources", []):
+        return
+    rec["sources"] = [*rec.get("sources", []), where]
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(rec, indent=1))
+    tmp.replace(path)
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    """transformers + gguf dequantise ``gguf`` to float32; written to ``out`` (config, safetensors, tokenizer)."""
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
     tmp.mkdir(parents=True, exist_ok=True)
     cfg = hf.config.to_dict()
     cfg.pop("quantization_config", None)
@@ -135,12 +189,14 @@ def gguf_to_dir(gguf: Path) -> Path:
     sd = {k: v.contiguous() for k, v in hf.state_dict().items() if not (tied and k == "lm_head.weight")}
     save_file(sd, str(tmp / "model.safetensors"))
     tok.save_pretrained(tmp)
-    if out.exists():  # a stale partial conversion
-        import shutil
+    import shutil
 
+    if (out / "model.safetensors").exists():  # another process converted the same file meanwhile
+        shutil.rmtree(tmp)
+        return
+    if out.exists():  # a stale partial conversion
         shutil.rmtree(out)
     tmp.rename(out)
-    return out
 
 
 def read_state_dict(d: Path) -> dict[str, torch.Tensor]:

@@ -1,0 +1,127 @@
+"""The GGUF conversion cache is keyed by content, and `eyas cache` lists and removes what is cached."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from eyas import cache
+from eyas.cli import main
+from eyas.models import loading
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch) -> Path:
+    r = tmp_path / "cache"
+    monkeypatch.setenv("EYAS_CACHE", str(r))
+    return r
+
+
+@pytest.fixture
+def conversions(monkeypatch) -> list[Path]:
+    """Stands in for the ~20 s transformers conversion: records each call, writes a marker directory."""
+    made: list[Path] = []
+
+    def fake(gguf: Path, out: Path) -> None:
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+        (out / "model.safetensors").write_bytes(gguf.read_bytes())
+        made.append(gguf)
+
+    monkeypatch.setattr(loading, "_convert_gguf", fake)
+    return made
+
+
+def _gguf(path: Path, content: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    return path
+
+
+def test_copies_of_one_file_share_a_conversion(tmp_path, root, conversions):
+    a = _gguf(tmp_path / "venv1" / "m.gguf", b"GGUF same bytes")
+    b = _gguf(tmp_path / "venv2" / "m.gguf", b"GGUF same bytes")
+    da, db = loading.gguf_to_dir(a), loading.gguf_to_dir(b)
+    assert da == db == root / f"m-{hashlib.sha256(b'GGUF same bytes').hexdigest()[:16]}"
+    assert conversions == [a]
+    assert json.loads((da / "source.json").read_text())["sources"] == [str(a.resolve()), str(b.resolve())]
+    other = loading.gguf_to_dir(_gguf(tmp_path / "venv3" / "m.gguf", b"GGUF other bytes"))
+    assert other != da and len(conversions) == 2
+
+
+def test_a_path_is_hashed_once_until_the_file_changes(tmp_path, root, conversions, monkeypatch):
+    calls = []
+    real = hashlib.file_digest
+
+    def counting(f, name):
+        calls.append(name)
+        return real(f, name)
+
+    monkeypatch.setattr(hashlib, "file_digest", counting)
+    g = _gguf(tmp_path / "m.gguf", b"GGUF v1")
+    first = loading.gguf_to_dir(g)
+    assert loading.gguf_to_dir(g) == first and len(calls) == 1
+    g.write_bytes(b"GGUF v2, rewritten")
+    os.utime(g, ns=(1, 1))  # a different mtime as well as size
+    assert loading.gguf_to_dir(g) != first and len(calls) == 2
+
+
+def test_a_path_keyed_conversion_is_renamed_not_remade(tmp_path, root, conversions):
+    g = _gguf(tmp_path / "m.gguf", b"GGUF legacy")
+    legacy = root / f"m-{loading._stat_key(g)}"
+    legacy.mkdir(parents=True)
+    (legacy / "config.json").write_text("{}")
+    (legacy / "model.safetensors").write_bytes(b"weights")
+    d = loading.gguf_to_dir(g)
+    assert conversions == [] and not legacy.exists() and (d / "model.safetensors").read_bytes() == b"weights"
+
+
+def _conversion(root: Path, name: str, sources: list[str] | None, done: bool = True) -> Path:
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "config.json").write_text("{}")
+    if done:
+        (d / "model.safetensors").write_bytes(b"x" * 1000)
+    if sources is not None:
+        (d / "source.json").write_text(json.dumps({"sha256": "0", "sources": sources}))
+    return d
+
+
+def test_purge_stale_keeps_what_a_file_still_needs(tmp_path, root, capsys):
+    live = _gguf(tmp_path / "live.gguf", b"GGUF")
+    keep = _conversion(root, "live-aaaa", [str(tmp_path / "gone.gguf"), str(live)])
+    gone = _conversion(root, "gone-bbbb", [str(tmp_path / "gone.gguf")])
+    legacy = _conversion(root, "old-cccc", None)
+    partial = _conversion(root, "p-dddd.123.tmp", None, done=False)
+    (root / "tree_costs").mkdir()
+    (root / "tree_costs" / "k.json").write_text("{}")
+    (root / "notes.txt").write_text("not ours")
+    kinds = {e.path.name: (e.kind, bool(e.stale)) for e in cache.entries(root)}
+    assert kinds == {"live-aaaa": ("conversions", False), "gone-bbbb": ("conversions", True),
+                     "old-cccc": ("conversions", True), "p-dddd.123.tmp": ("conversions", True),
+                     "tree_costs": ("timings", False)}
+    assert main(["cache", "info"]) == 0
+    out = capsys.readouterr().out
+    assert "conversions: 4 entries" in out and "its GGUF files are gone" in out and str(live) in out
+    assert main(["cache", "purge", "--stale"]) == 0
+    assert keep.exists() and not gone.exists() and not legacy.exists() and not partial.exists()
+    assert (root / "tree_costs").exists() and (root / "notes.txt").exists()
+
+
+def test_purge_one_kind_or_everything(root):
+    _conversion(root, "m-aaaa", [])
+    (root / "kernel_tuning").mkdir()
+    (root / "row_floors.json").write_text("{}")
+    assert main(["cache", "purge", "--only", "timings"]) == 0
+    assert sorted(p.name for p in root.iterdir()) == ["m-aaaa"]
+    assert main(["cache", "purge"]) == 0
+    assert list(root.iterdir()) == []
+
+
+def test_info_on_a_missing_cache(root, capsys):
+    assert main(["cache"]) == 0
+    assert "total 0.0 MB" in capsys.readouterr().out
