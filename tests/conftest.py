@@ -193,6 +193,11 @@ def pytest_configure(config) -> None:
     # eyas.load sizes the draft tree from timings of this machine (eyas.autotree): tests pin their trees
     # instead, so a busy CI box cannot change them; tests/test_autotree.py turns it back on
     os.environ.setdefault("EYAS_AUTO_TREE", "0")
+    # a fresh machine compiles the C++ kernels (~25 s each, one compiler process apiece) on first use: all at once
+    # here, as many at a time as there are cores, instead of one by one as the tests reach them
+    from eyas import kernels
+
+    kernels.prebuild()
 
 
 class Tiny:

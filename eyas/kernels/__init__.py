@@ -24,9 +24,11 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -43,6 +45,21 @@ _LDFLAGS = ["-fopenmp"] if sys.platform.startswith("linux") else []
 _OWN_FLAGS = {name: ["-ffp-contract=off"] for name in ("gguf_bf16", "gguf_f32", "head_i8", "layer_ops")}
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}
+# name (eyas/kernels/<name>.cpp) -> (what the one-time note calls it, the environment switch that turns it off)
+_KERNELS = {
+    "path_attn": ("the exact-mode tree attention kernel", "EYAS_PATH_KERNEL"),
+    "skinny_gemm": ("the few-row float32 projection kernel", "EYAS_SKINNY_GEMM"),
+    "rms_norm": ("the RMSNorm kernel", "EYAS_NORM_KERNEL"),
+    "gguf_bf16": ("the bf16 GGUF-block projection kernel", "EYAS_GGUF_BLOCKS"),
+    "gguf_f32": ("the float32 GGUF-block projection kernel", "EYAS_GGUF_BLOCKS"),
+    "head_i8": ("the draft head's int8 projection kernel", "EYAS_HEAD_INT8"),
+    "lm_screen": ("the greedy output-projection screen", "EYAS_LM_SCREEN"),
+    "layer_ops": ("the decode-layer kernel", "EYAS_LAYER_OPS"),
+}
+_VNNI_ONLY = ("head_i8", "lm_screen")  # not built where they could not serve (AVX2-only CPUs)
+# what a CPU target of each dtype uses (prebuild's default); anything else builds on first use
+USED_BY = {torch.bfloat16: ("gguf_bf16", "path_attn", "lm_screen", "head_i8", "rms_norm", "layer_ops"),
+           torch.float32: ("gguf_f32", "skinny_gemm", "path_attn", "head_i8", "rms_norm", "layer_ops")}
 
 
 def _headers() -> list[Path]:
@@ -92,27 +109,21 @@ def path_attention():
     """The compiled module (``path_attention(q, k, v, start, path, lengths, scale)``, ``supports(group, head_dim)``),
     or None where it is off or cannot be built (a one-line warning says why, once).
     """
-    if os.environ.get("EYAS_PATH_KERNEL", "1") == "0":
-        return None
-    return _get("path_attn", "the exact-mode tree attention kernel", "EYAS_PATH_KERNEL")
+    return _get("path_attn") if _wanted("path_attn") else None
 
 
 def skinny_gemm():
     """The compiled few-row float32 projection (``linear(x, w, bias)`` for x [M <= max_rows(), K], w [N, K]),
     or None where it is off (``EYAS_SKINNY_GEMM=0``) or cannot be built.
     """
-    if os.environ.get("EYAS_SKINNY_GEMM", "1") == "0":
-        return None
-    return _get("skinny_gemm", "the few-row float32 projection kernel", "EYAS_SKINNY_GEMM")
+    return _get("skinny_gemm") if _wanted("skinny_gemm") else None
 
 
 def rms_norm():
     """The compiled one-pass RMSNorm (``rms_norm(x, w, eps)``, bf16 or float32 CPU tensors), or None where it is off
     (``EYAS_NORM_KERNEL=0``) or cannot be built.
     """
-    if os.environ.get("EYAS_NORM_KERNEL", "1") == "0":
-        return None
-    return _get("rms_norm", "the RMSNorm kernel", "EYAS_NORM_KERNEL")
+    return _get("rms_norm") if _wanted("rms_norm") else None
 
 
 def gguf_bf16():
@@ -121,9 +132,7 @@ def gguf_bf16():
     (``EYAS_GGUF_BLOCKS=0``) or cannot be built. Built with ``-ffp-contract=off``: the dequantisation must
     round like gguf-py's numpy (multiply, then add).
     """
-    if os.environ.get("EYAS_GGUF_BLOCKS", "1") == "0":
-        return None
-    return _get("gguf_bf16", "the bf16 GGUF-block projection kernel", "EYAS_GGUF_BLOCKS")
+    return _get("gguf_bf16") if _wanted("gguf_bf16") else None
 
 
 def gguf_f32():
@@ -131,9 +140,7 @@ def gguf_f32():
     ``dequantize(blocks, qtype, k)``, ``available()``: False where the CPU lacks AVX2/FMA/F16C), or None where it
     is off (``EYAS_GGUF_BLOCKS=0``) or cannot be built. Its sums are ``skinny_gemm()``'s, bit for bit.
     """
-    if os.environ.get("EYAS_GGUF_BLOCKS", "1") == "0":
-        return None
-    return _get("gguf_f32", "the float32 GGUF-block projection kernel", "EYAS_GGUF_BLOCKS")
+    return _get("gguf_f32") if _wanted("gguf_f32") else None
 
 
 def head_i8():
@@ -142,11 +149,7 @@ def head_i8():
     AVX512-VNNI (then it is not built) or it cannot be built. Built with ``-ffp-contract=off``: its float epilogue
     must round as the torch reference does (multiply, then add).
     """
-    from eyas.models.cpu import cpu_flags
-
-    if os.environ.get("EYAS_HEAD_INT8", "auto") == "0" or "avx512_vnni" not in cpu_flags():
-        return None  # no build where it could not serve (AVX2-only CPUs)
-    return _get("head_i8", "the draft head's int8 projection kernel", "EYAS_HEAD_INT8")
+    return _get("head_i8") if _wanted("head_i8") else None
 
 
 def lm_screen():
@@ -154,20 +157,14 @@ def lm_screen():
     vocab)`` and ``approx(x, packed, vocab)``; ``available()``: False where the build lacks AVX512-VNNI), or None where
     it is off (``EYAS_LM_SCREEN=0``), the CPU has no AVX512-VNNI (then it is not built) or it cannot be built.
     """
-    from eyas.models.cpu import cpu_flags
-
-    if os.environ.get("EYAS_LM_SCREEN", "auto") == "0" or "avx512_vnni" not in cpu_flags():
-        return None
-    return _get("lm_screen", "the greedy output-projection screen", "EYAS_LM_SCREEN")
+    return _get("lm_screen") if _wanted("lm_screen") else None
 
 
 def layer_ops():
     """The compiled decode-layer steps (``rope_cache``: RoPE on q and k, k and v into the float32 cache, q as
     float32, torch's bf16 numerics bit for bit), or None where it is off (``EYAS_LAYER_OPS=0``) or cannot be built.
     """
-    if os.environ.get("EYAS_LAYER_OPS", "1") == "0":
-        return None
-    return _get("layer_ops", "the decode-layer kernel", "EYAS_LAYER_OPS")
+    return _get("layer_ops") if _wanted("layer_ops") else None
 
 
 # the one process-wide handle on layer_ops (exact decode forwards, the draft head's layer, the greedy argmax)
@@ -181,16 +178,58 @@ def build_flags(name: str) -> tuple[list[str], list[str]]:
     return [*_FLAGS, *_OWN_FLAGS.get(name, [])], list(_LDFLAGS)
 
 
-def _get(name: str, what: str, env: str):
+def _wanted(name: str) -> bool:
+    """Whether this machine builds ``name``: its switch is not 0 and the CPU can run it."""
+    if os.environ.get(_KERNELS[name][1], "1") == "0":
+        return False
+    if name in _VNNI_ONLY:
+        from eyas.models.cpu import cpu_flags
+
+        return "avx512_vnni" in cpu_flags()
+    return True
+
+
+def _is_built(name: str) -> bool:
+    out = _build_dir(_HERE / f"{name}.cpp", _OWN_FLAGS.get(name, []))
+    ninja = out / "build.ninja"
+    return any(out.glob("*.so")) and ninja.exists() and str(out / "src" / f"{name}.cpp") in ninja.read_text()
+
+
+def prebuild(names: tuple[str, ...] | None = None) -> None:
+    """Compile the kernels among ``names`` (default: all) that this machine uses and has not built yet, several at
+    once: each build is one single-threaded compiler (~25 s, mostly torch's headers), so on first use a process
+    would otherwise wait for them one after another (6 for a bf16 target: ~160 s on 2 cores, ~85 s this way). The
+    builds run in child processes, as many at a time as there are cores; what a child fails to build is built (or
+    reported) here on first use as before.
+    """
+    todo = [n for n in (names or tuple(_KERNELS)) if n not in _loaded and _wanted(n) and not _is_built(n)]
+    jobs = min(len(todo), os.cpu_count() or 1)
+    if jobs < 2:
+        return
+    one_time_note(f"compiling {len(todo)} CPU kernels for this CPU, {jobs} at a time",
+                  f"~{-(-len(todo) // jobs) * 30} s")
+    _ninja_on_path()
+
+    def build(name: str) -> None:
+        code = f"from eyas import kernels; kernels._get({name!r})"
+        subprocess.run([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       check=False)
+
+    with ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(build, todo))
+
+
+def _get(name: str):
     with _lock:
         if name not in _loaded:
-            _loaded[name] = _build(name, what, env)
+            _loaded[name] = _build(name)
         return _loaded[name]
 
 
-def _build(name: str, what: str, env: str):
+def _build(name: str):
     from torch.utils.cpp_extension import load
 
+    what, env = _KERNELS[name]
     source = _HERE / f"{name}.cpp"
     out = _build_dir(source, _OWN_FLAGS.get(name, []))
     cflags, ldflags = build_flags(name)
@@ -198,8 +237,7 @@ def _build(name: str, what: str, env: str):
     try:
         out.mkdir(parents=True, exist_ok=True)
         copy = _stable_copy(source, out)
-        ninja = out / "build.ninja"
-        if not any(out.glob("*.so")) or not ninja.exists() or str(copy) not in ninja.read_text():
+        if not _is_built(name):
             one_time_note(f"compiling {what} for this CPU", "~30 s")
         return load(f"eyas_{name}", [str(copy)], extra_cflags=cflags, extra_ldflags=ldflags,
                     build_directory=str(out), verbose=False)

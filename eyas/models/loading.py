@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from eyas import kernels
 from eyas.models.config import ModelConfig
 from eyas.models.cpu import native_bf16
 from eyas.models.gguf_blocks import attach_gguf_blocks
@@ -258,8 +259,11 @@ def load_target(spec: str | None = None, dtype="float32", backend: str = "native
         raise ModelLoadError(f"a target on {device} needs the native backend (got --backend {backend})")
     from transformers import AutoTokenizer
 
-    d = resolve_model_dir(spec)
     dt = parse_dtype(dtype)
+    on_cpu = device is None or torch.device(device).type == "cpu"
+    if backend == "native" and on_cpu and quantize in (None, "none") and gguf_source(spec) is not None:
+        kernels.prebuild(kernels.USED_BY.get(dt))  # the first use's builds at once instead of one by one
+    d = resolve_model_dir(spec)
     if backend == "native":
         model = native_from_dir(d, dt)
         if device is not None:

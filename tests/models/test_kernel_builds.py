@@ -38,7 +38,7 @@ def test_scripts_build_a_kernel_with_the_flags_eyas_builds_it_with(tmp_path, mon
     monkeypatch.setenv("EYAS_CACHE", str(tmp_path))
     monkeypatch.setattr(ext, "load", lambda name, sources, **kw: calls.setdefault(name, kw) and name)
     for name in ("gguf_bf16", "rms_norm"):
-        assert kernels._build(name, "a kernel", "EYAS_X") == f"eyas_{name}"
+        assert kernels._build(name) == f"eyas_{name}"
         assert (calls[f"eyas_{name}"]["extra_cflags"], calls[f"eyas_{name}"]["extra_ldflags"]) == \
             kernels.build_flags(name)
     assert "-ffp-contract=off" in kernels.build_flags("gguf_bf16")[0]
@@ -55,3 +55,39 @@ def test_one_time_notes_are_told_apart_from_other_stderr_lines(capsys):
     assert all(is_one_time_note(ln) for ln in lines)
     assert not is_one_time_note("eyas: error: model path '/x' does not exist (expected a directory, a .gguf file)")
     assert not is_one_time_note("warning: something happened once, then again")
+
+
+def test_prebuild_compiles_the_missing_kernels_at_once_in_child_processes(tmp_path, monkeypatch, capsys):
+    """Each missing kernel this machine uses gets its own child process, as many at a time as there are cores; a
+    kernel switched off, one already built and one already loaded get none; with one build left nothing runs in
+    parallel, so prebuild leaves it to the first use."""
+    import subprocess
+    import threading
+
+    monkeypatch.setenv("EYAS_CACHE", str(tmp_path))
+    monkeypatch.setenv("EYAS_NORM_KERNEL", "0")
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    built = {"layer_ops"}
+    monkeypatch.setattr(kernels, "_is_built", lambda name: name in built)
+    monkeypatch.setattr(kernels, "_loaded", {"skinny_gemm": None})
+    running, most, children = [0], [0], []
+    lock = threading.Lock()
+
+    def run(cmd, **kw):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            children.append(cmd[-1])
+        threading.Event().wait(0.05)
+        with lock:
+            running[0] -= 1
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    kernels.prebuild(("rms_norm", "layer_ops", "skinny_gemm", "path_attn", "gguf_bf16", "gguf_f32"))
+    assert sorted(c.split("_get(")[1] for c in children) == ["'gguf_bf16')", "'gguf_f32')", "'path_attn')"]
+    assert most[0] == 2
+    assert "compiling 3 CPU kernels for this CPU, 2 at a time (once, ~60 s)" in capsys.readouterr().err
+    children.clear()
+    kernels.prebuild(("path_attn", "layer_ops"))
+    assert children == []
