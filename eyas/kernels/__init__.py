@@ -14,7 +14,8 @@ an unsupported platform) or its switch turns it off; callers then keep the pure-
 - ``layer_ops()`` (``layer_ops.cpp``, ``EYAS_LAYER_OPS``): RoPE + KV-cache write of exact decode forwards, and
   the row argmax greedy verification reads (``argmax``).
 
-Hot paths hold a ``Lazy`` of their getter (resolved once per process). The build (about 30 s on 2 cores)
+Hot paths hold a ``Lazy`` of their getter (resolved once per process). The build (10-15 s a kernel on 2 cores; the
+sources include ``torch_ext.h``, not ``torch/extension.h``, which made it ~25 s)
 happens once per CPU kind and torch version: its output lives under ``$EYAS_CACHE/kernels/<key>/`` and later
 loads take milliseconds. ``-march=native`` is part of the key, so a cache copied to another CPU is not reused.
 """
@@ -197,8 +198,8 @@ def _is_built(name: str) -> bool:
 
 def prebuild(names: tuple[str, ...] | None = None) -> None:
     """Compile the kernels among ``names`` (default: all) that this machine uses and has not built yet, several at
-    once: each build is one single-threaded compiler (~25 s, mostly torch's headers), so on first use a process
-    would otherwise wait for them one after another (6 for a bf16 target: ~160 s on 2 cores, ~85 s this way). The
+    once: each build is one single-threaded compiler (10-15 s), so on first use a process would otherwise wait for
+    them one after another (all 8 on 2 cores: 63 s this way; ~216 s one by one before torch_ext.h). The
     builds run in child processes, as many at a time as there are cores; what a child fails to build is built (or
     reported) here on first use as before.
     """
@@ -207,7 +208,7 @@ def prebuild(names: tuple[str, ...] | None = None) -> None:
     if jobs < 2:
         return
     one_time_note(f"compiling {len(todo)} CPU kernels for this CPU, {jobs} at a time",
-                  f"~{-(-len(todo) // jobs) * 30} s")
+                  f"~{-(-len(todo) // jobs) * 15} s")
     _ninja_on_path()
 
     def build(name: str) -> None:
@@ -238,7 +239,7 @@ def _build(name: str):
         out.mkdir(parents=True, exist_ok=True)
         copy = _stable_copy(source, out)
         if not _is_built(name):
-            one_time_note(f"compiling {what} for this CPU", "~30 s")
+            one_time_note(f"compiling {what} for this CPU", "~15 s")
         return load(f"eyas_{name}", [str(copy)], extra_cflags=cflags, extra_ldflags=ldflags,
                     build_directory=str(out), verbose=False)
     except Exception as e:  # no compiler, no ninja, a failed build: callers keep their PyTorch path

@@ -16,7 +16,7 @@
 // That order does not depend on how many rows share the call or how threads split N, so a row gets
 // the same bits alone (plain decoding) or among a tree's nodes (verification): the kernel is
 // row-invariant, and exact mode needs no padding on it.
-#include <torch/extension.h>
+#include "torch_ext.h"
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
@@ -318,13 +318,13 @@ bool fma_matches() {
 #endif
 
 // blocks [N, K / 32 * block_bytes] uint8 -> [N, K] bf16: the weights the kernel multiplies with (load check, tests)
-torch::Tensor dequantize(torch::Tensor blocks, int64_t qtype, int64_t k) {
+at::Tensor dequantize(at::Tensor blocks, int64_t qtype, int64_t k) {
   const int64_t bb = block_bytes(qtype);
   TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == at::kByte && k % QK == 0 && blocks.size(1) == k / QK * bb,
               "gguf_bf16.dequantize: blocks [N, K / 32 * ", bb, "] uint8 for K = ", k);
   blocks = blocks.contiguous();
   const int64_t n = blocks.size(0), nblk = k / QK;
-  auto out = torch::empty({n, k}, blocks.options().dtype(at::kBFloat16));
+  auto out = at::empty({n, k}, blocks.options().dtype(at::kBFloat16));
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   c10::BFloat16* dst = out.data_ptr<c10::BFloat16>();
   at::parallel_for(0, n * nblk, 1024, [&](int64_t b0, int64_t b1) {
@@ -339,16 +339,16 @@ torch::Tensor dequantize(torch::Tensor blocks, int64_t qtype, int64_t k) {
 
 // x [M, K] bf16, blocks [N, K / 32 * block_bytes] uint8 as GGUF (qtype) or packed (PACKED + qtype), bias [N] or
 // empty -> [M, N] bf16
-torch::Tensor linear(torch::Tensor x, torch::Tensor blocks, int64_t qtype, torch::Tensor bias) {
+at::Tensor linear(at::Tensor x, at::Tensor blocks, int64_t qtype, at::Tensor bias) {
 #ifdef EYAS_GGUF_BF16
   TORCH_CHECK(qtype < PACKED || packable(qtype - PACKED), "gguf_bf16.linear: unknown type code ", qtype);
   const int64_t gguf_type = qtype % PACKED, bb = block_bytes(gguf_type);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "gguf_bf16.linear: x [M, K] bfloat16");
   const int64_t m = x.size(0), k = x.size(1), n = blocks.size(0);
-  const torch::Tensor b32 = checked_bias("gguf_bf16.linear", x, blocks, gguf_type, bias);  // blocks, bias checked
+  const at::Tensor b32 = checked_bias("gguf_bf16.linear", x, blocks, gguf_type, bias);  // blocks, bias checked
   const float* bd = b32.defined() ? b32.data_ptr<float>() : nullptr;
   x = x.contiguous();
-  auto out = torch::empty({m, n}, x.options());
+  auto out = at::empty({m, n}, x.options());
   const uint16_t* xd = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
   const uint8_t* wd = blocks.data_ptr<uint8_t>();
   c10::BFloat16* od = out.data_ptr<c10::BFloat16>();

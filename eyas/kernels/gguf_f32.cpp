@@ -15,7 +15,7 @@
 // (l, l+2), (l, l+1), then the bias added. So a projection gives the same bits from its blocks as from its dense
 // float32 weight on the streaming kernel (the path it replaces), and a row gets the same bits alone (plain
 // decoding) or among a tree's nodes (verification): the kernel is row-invariant.
-#include <torch/extension.h>
+#include "torch_ext.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -228,13 +228,13 @@ void group(const float* xd, int64_t m, const uint8_t* const* w, int64_t k, int64
 #endif
 
 // blocks [N, K / 32 * block_bytes] uint8 -> [N, K] float32: the weights the kernel multiplies with (load check)
-torch::Tensor dequantize(torch::Tensor blocks, int64_t qtype, int64_t k) {
+at::Tensor dequantize(at::Tensor blocks, int64_t qtype, int64_t k) {
   const int64_t bb = block_bytes(qtype);
   TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == at::kByte && k % QK == 0 && blocks.size(1) == k / QK * bb,
               "gguf_f32.dequantize: blocks [N, K / 32 * ", bb, "] uint8 for K = ", k);
   blocks = blocks.contiguous();
   const int64_t n = blocks.size(0), nblk = k / QK;
-  auto out = torch::empty({n, k}, blocks.options().dtype(at::kFloat));
+  auto out = at::empty({n, k}, blocks.options().dtype(at::kFloat));
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   float* dst = out.data_ptr<float>();
   at::parallel_for(0, n * nblk, 1024, [&](int64_t b0, int64_t b1) {
@@ -259,16 +259,16 @@ int64_t max_rows() {
 }
 
 // x [M, K] float32 (M <= max_rows()), blocks [N, K / 32 * block_bytes] uint8, bias [N] or empty -> [M, N] float32
-torch::Tensor linear(torch::Tensor x, torch::Tensor blocks, int64_t qtype, torch::Tensor bias) {
+at::Tensor linear(at::Tensor x, at::Tensor blocks, int64_t qtype, at::Tensor bias) {
 #ifdef EYAS_GGUF_F32
   const int64_t bb = block_bytes(qtype);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "gguf_f32.linear: x [M, K] float32");
   TORCH_CHECK(x.size(0) <= max_rows(), "gguf_f32.linear: at most ", max_rows(), " rows");
   const int64_t m = x.size(0), k = x.size(1), n = blocks.size(0);
-  const torch::Tensor b32 = checked_bias("gguf_f32.linear", x, blocks, qtype, bias);  // blocks and bias checked
+  const at::Tensor b32 = checked_bias("gguf_f32.linear", x, blocks, qtype, bias);  // blocks and bias checked
   const float* bd = b32.defined() ? b32.data_ptr<float>() : nullptr;
   x = x.contiguous();
-  auto out = torch::empty({m, n}, x.options());
+  auto out = at::empty({m, n}, x.options());
   const float* xd = x.data_ptr<float>();
   const uint8_t* wd = blocks.data_ptr<uint8_t>();
   float* od = out.data_ptr<float>();

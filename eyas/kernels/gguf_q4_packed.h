@@ -3,7 +3,7 @@
 // after it defines EYAS_GGUF_BF16 (AVX512-BF16 at compile time); pack() builds anywhere.
 #pragma once
 
-#include <torch/extension.h>
+#include "torch_ext.h"
 #include <ATen/Parallel.h>
 
 #include <cstdint>
@@ -23,13 +23,13 @@ inline bool packable(int64_t qtype) { return qtype == Q4_0 || qtype == Q4_1; }
 
 // blocks [N, K / 32 * block_bytes] uint8 (Q4_0 or Q4_1) -> the same bytes in the kernel's packed layout, whose type
 // code is PACKED + qtype (see dequant_packed)
-inline torch::Tensor pack(torch::Tensor blocks, int64_t qtype, int64_t k) {
+inline at::Tensor pack(at::Tensor blocks, int64_t qtype, int64_t k) {
   TORCH_CHECK(packable(qtype), "gguf_bf16.pack: Q4_0 or Q4_1 blocks only, got GGML type ", qtype);
   const int64_t bb = block_bytes(qtype), nblk = k / QK, lead = qtype == Q4_1 ? 4 : 2;
   TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == at::kByte && k % QK == 0 && blocks.size(1) == nblk * bb,
               "gguf_bf16.pack: blocks [N, K / 32 * ", bb, "] uint8 for K = ", k);
   blocks = blocks.contiguous();
-  auto out = torch::empty_like(blocks);
+  auto out = at::empty_like(blocks);
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
   at::parallel_for(0, blocks.size(0), 64, [&](int64_t r0, int64_t r1) {

@@ -6,7 +6,7 @@
 // Within a 32-weight block of Q4_*, byte j holds weight j in its low nibble and weight j + 16 in its high nibble.
 #pragma once
 
-#include <torch/extension.h>
+#include "torch_ext.h"
 #include <c10/util/Half.h>
 #include <c10/util/Exception.h>
 
@@ -58,14 +58,14 @@ inline void dequant_block_f32(const uint8_t* blk, int64_t qtype, float* out) {
 // linear(x [M, K], blocks, qtype, bias)'s shared checks (``who`` names the kernel in the message): blocks
 // [N, K / 32 * block_bytes] contiguous uint8 for x's K, bias [N] or empty. Returns the bias as contiguous float32, or
 // an undefined tensor where there is none.
-inline torch::Tensor checked_bias(const char* who, const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype,
-                                  const torch::Tensor& bias) {
+inline at::Tensor checked_bias(const char* who, const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
+                                  const at::Tensor& bias) {
   const int64_t bb = block_bytes(qtype), k = x.size(1), n = blocks.size(0);
   TORCH_CHECK(k % QK == 0 && blocks.dim() == 2 && blocks.size(1) == k / QK * bb && blocks.is_contiguous(), who,
               ": blocks [N, K / 32 * ", bb, "] contiguous uint8 for K = ", k);
   const bool has_bias = bias.defined() && bias.numel();
   TORCH_CHECK(!has_bias || bias.numel() == n, who, ": bias [N]");
-  return has_bias ? bias.to(at::kFloat).contiguous() : torch::Tensor();
+  return has_bias ? bias.to(at::kFloat).contiguous() : at::Tensor();
 }
 
 }  // namespace eyas_gguf

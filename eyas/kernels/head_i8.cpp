@@ -12,7 +12,7 @@
 //   acc = sum_k xu[k] * q[n, k]  (int32, exact: |acc| < K * 255 * 127 < 2^31 for K <= 66,000)
 //   y   = float(acc - 128 * sum_k q[n, k]) * (sx[i] * sw[n])  (+ bias[n] after, a separate add)
 // so tests reproduce it bit for bit in torch.
-#include <torch/extension.h>
+#include "torch_ext.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -103,14 +103,14 @@ void rows_pass(int rows, const uint8_t* const* xs, const int8_t* const* ws, int6
 }
 
 template <typename T>
-torch::Tensor run(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& sw, const torch::Tensor& sums,
-                  const torch::Tensor& bias) {
+at::Tensor run(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sw, const at::Tensor& sums,
+                  const at::Tensor& bias) {
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
   std::vector<uint8_t> xu(static_cast<size_t>(m * k));
   std::vector<float> sx(static_cast<size_t>(m));
   const T* xd = x.data_ptr<T>();
   for (int64_t i = 0; i < m; ++i) sx[i] = quantize_row(xd + i * k, k, xu.data() + i * k);
-  auto out = torch::empty({m, n}, x.options().dtype(at::kFloat));
+  auto out = at::empty({m, n}, x.options().dtype(at::kFloat));
   const int8_t* wd = w.data_ptr<int8_t>();
   const float* swd = sw.data_ptr<float>();
   const int32_t* sd = sums.data_ptr<int32_t>();
@@ -148,7 +148,7 @@ torch::Tensor run(const torch::Tensor& x, const torch::Tensor& w, const torch::T
 
 // x [M, K] float32 or bf16, w [N, K] int8, sw [N] float32, sums [N] int32 (sum_k w[n, k]), bias [N] float32 or
 // empty -> [M, N] in x's dtype
-torch::Tensor linear(torch::Tensor x, torch::Tensor w, torch::Tensor sw, torch::Tensor sums, torch::Tensor bias) {
+at::Tensor linear(at::Tensor x, at::Tensor w, at::Tensor sw, at::Tensor sums, at::Tensor bias) {
 #ifdef EYAS_HEAD_I8
   TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "head_i8.linear: x [M, K] float32 or bf16");

@@ -13,7 +13,7 @@
 // where T is the dtype (bf16 or float32), sw is x with its two halves swapped and cos,
 // sin (signed) are the tables Rope holds. k and v go to the float32 cache as their exact values, as
 // KVCache.update writes them.
-#include <torch/extension.h>
+#include "torch_ext.h"
 #include <c10/util/BFloat16.h>
 
 #include <cmath>
@@ -72,8 +72,8 @@ void rope_rows(const T* src, int64_t rs, const T* cp, const T* sp, int64_t n, in
 }
 
 template <typename T>
-void rope_into(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& k_cache,
-               torch::Tensor& v_cache, int64_t start, int64_t h, torch::Tensor& q) {
+void rope_into(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
+               at::Tensor& v_cache, int64_t start, int64_t h, at::Tensor& q) {
   const int64_t n = qkv.size(0), dh = qkv.size(2), hk = (qkv.size(1) - h) / 2;
   const T* src = qkv.data_ptr<T>();
   const T* cp = cos.data_ptr<T>();
@@ -92,8 +92,8 @@ void rope_into(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::
 // dtype; k_cache, v_cache [Hk, S, Dh] float32 or bf16 (one layer, one sequence; dims contiguous; a float32 qkv needs
 // a float32 cache); slots start .. start + N. Writes rotated k and v at those slots and returns rotated q as
 // float32 [N, H, Dh].
-torch::Tensor rope_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
-                         torch::Tensor v_cache, int64_t start, int64_t h) {
+at::Tensor rope_cache(at::Tensor qkv, at::Tensor cos, at::Tensor sin, at::Tensor k_cache,
+                         at::Tensor v_cache, int64_t start, int64_t h) {
   const auto xt = qkv.scalar_type();
   TORCH_CHECK(qkv.dim() == 3 && (xt == at::kBFloat16 || xt == at::kFloat) && qkv.stride(2) == 1 &&
                   qkv.stride(1) == qkv.size(2),
@@ -112,7 +112,7 @@ torch::Tensor rope_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
   TORCH_CHECK(xt == at::kBFloat16 || ct == at::kFloat, "rope_cache: a float32 qkv writes a float32 cache");
   TORCH_CHECK(start >= 0 && start + n <= k_cache.size(1) && start + n <= v_cache.size(1),
               "rope_cache: slots past the cache (raise max_slots)");
-  auto q = torch::empty({n, h, dh}, qkv.options().dtype(at::kFloat));
+  auto q = at::empty({n, h, dh}, qkv.options().dtype(at::kFloat));
   if (xt == at::kFloat)
     rope_into<float>(qkv, cos, sin, k_cache, v_cache, start, h, q);
   else
@@ -157,11 +157,11 @@ int64_t argmax_row(const float* x, int64_t n) {
 // x [N, V] float32 -> [N] int64: torch.argmax(x, -1) (first maximal index; NaN counts as the maximum), one pass
 // of 16-lane max then a search for its first position. The greedy verifier's argmax over a few vocabulary rows:
 // ~4x faster than torch's for [4, 49152] on the Zen 5 VM.
-torch::Tensor argmax_rows(torch::Tensor x) {
+at::Tensor argmax_rows(at::Tensor x) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.stride(1) == 1, "argmax_rows: x [N, V] float32");
   const int64_t n = x.size(0), v = x.size(1);
   TORCH_CHECK(v > 0, "argmax_rows: empty rows");
-  auto out = torch::empty({n}, x.options().dtype(at::kLong));
+  auto out = at::empty({n}, x.options().dtype(at::kLong));
   int64_t* o = out.data_ptr<int64_t>();
   const float* p = x.data_ptr<float>();
   for (int64_t r = 0; r < n; ++r) o[r] = argmax_row(p + r * x.stride(0), v);

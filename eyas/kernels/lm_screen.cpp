@@ -19,7 +19,7 @@
 // a_c = max >= a_u >= a~_u - E_u for every u), and so is every entry that ties with it.
 // On SmolLM2's output projection (49,152 x 576), rows of real answers: 37 candidates for a 5-row call on average, at
 // most 130 (scripts/screen_ab.py --projection).
-#include <torch/extension.h>
+#include "torch_ext.h"
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
@@ -57,13 +57,13 @@ constexpr float ABS_SLACK = 1e-30f;
 //   d   [g][b][l]: v's block scale (float32), 0 for padding lanes
 //   l1d [g][b][l]: v's block's factor in the bound, ACT_ROUND * sum |d q| + sum |bf16(d q) - d q|; 0 for padding
 // so one VPDPBUSD takes 4 bytes of 16 outputs against 4 activations broadcast: no horizontal sums anywhere.
-std::vector<torch::Tensor> pack(torch::Tensor blocks, int64_t k) {
+std::vector<at::Tensor> pack(at::Tensor blocks, int64_t k) {
   TORCH_CHECK(k % QK == 0 && blocks.dim() == 2 && blocks.scalar_type() == at::kByte && blocks.is_contiguous() &&
                   blocks.size(1) == k / QK * BB,
               "lm_screen.pack: blocks [V, K / 32 * ", BB, "] contiguous uint8 (Q8_0)");
   const int64_t n = blocks.size(0), nblk = k / QK, groups = (n + LANES - 1) / LANES;
-  auto w = torch::full({groups, nblk, 8, LANES * 4}, 128, torch::kByte);
-  auto d = torch::zeros({groups, nblk, LANES}, torch::kFloat), l1d = torch::zeros_like(d);
+  auto w = at::full({groups, nblk, 8, LANES * 4}, 128, at::kByte);
+  auto d = at::zeros({groups, nblk, LANES}, at::kFloat), l1d = at::zeros_like(d);
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   uint8_t* wd = w.data_ptr<uint8_t>();
   float *dd = d.data_ptr<float>(), *ld = l1d.data_ptr<float>();
@@ -170,7 +170,7 @@ void rows_pass(int rows, const Rows& q, int64_t i0, const uint8_t* w, const floa
 }
 #endif
 
-void check(const torch::Tensor& x, const std::vector<torch::Tensor>& packed, int64_t n) {
+void check(const at::Tensor& x, const std::vector<at::Tensor>& packed, int64_t n) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.size(1) % QK == 0,
               "lm_screen: x [R, K] bf16 with K a multiple of 32");
   TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= MAXR, "lm_screen: 1 to ", MAXR, " rows, got ", x.size(0));
@@ -189,7 +189,7 @@ struct Screen {
   const float *d, *l;
   int64_t nblk;
 
-  Screen(const torch::Tensor& x, const std::vector<torch::Tensor>& packed)  // x contiguous
+  Screen(const at::Tensor& x, const std::vector<at::Tensor>& packed)  // x contiguous
       : q(quantise(x.data_ptr<at::BFloat16>(), x.size(0), x.size(1))),
         w(packed[0].data_ptr<uint8_t>()),
         d(packed[1].data_ptr<float>()),
@@ -220,13 +220,13 @@ struct Screen {
 #endif
 
 // x [R, K] bf16, pack()'s tensors, V -> (approx [R, V], bound [R, V]) float32
-std::vector<torch::Tensor> approx(torch::Tensor x, std::vector<torch::Tensor> packed, int64_t n) {
+std::vector<at::Tensor> approx(at::Tensor x, std::vector<at::Tensor> packed, int64_t n) {
   check(x, packed, n);
 #ifdef EYAS_LM_SCREEN
   x = x.contiguous();
   const int64_t r = x.size(0), groups = (n + LANES - 1) / LANES, stride = groups * LANES;
   const Screen screen(x, packed);
-  auto a = torch::empty({r, stride}, x.options().dtype(at::kFloat)), e = torch::empty_like(a);
+  auto a = at::empty({r, stride}, x.options().dtype(at::kFloat)), e = at::empty_like(a);
   float *ad = a.data_ptr<float>(), *ed = e.data_ptr<float>();
   at::parallel_for(0, groups, 16, [&](int64_t g0, int64_t g1) {
     screen.run(g0, g1, [&](int64_t g, const __m512* acc, const __m512* bnd) {
@@ -247,7 +247,7 @@ std::vector<torch::Tensor> approx(torch::Tensor x, std::vector<torch::Tensor> pa
 // not finite (the caller then computes every logit). Nothing [R, V] is written: each chunk of groups keeps, as it
 // goes, the ids whose interval reaches its running best lower bound (a superset: the bound only rises) with their
 // upper ends, and the merged list is filtered by the rows' final bounds.
-torch::Tensor candidates(torch::Tensor x, std::vector<torch::Tensor> packed, int64_t n) {
+at::Tensor candidates(at::Tensor x, std::vector<at::Tensor> packed, int64_t n) {
   check(x, packed, n);
 #ifdef EYAS_LM_SCREEN
   x = x.contiguous();
@@ -290,7 +290,7 @@ torch::Tensor candidates(torch::Tensor x, std::vector<torch::Tensor> packed, int
   float lo[MAXR];
   std::fill(lo, lo + MAXR, -INFINITY);
   for (const Share& s : shares) {
-    if (s.bad) return torch::empty({0}, torch::kLong);
+    if (s.bad) return at::empty({0}, at::kLong);
     for (int64_t i = 0; i < r; ++i) lo[i] = std::max(lo[i], s.lo[i]);
   }
   std::sort(shares.begin(), shares.end(), [](const Share& a, const Share& b) { return a.g0 < b.g0; });  // ids ascend
@@ -302,11 +302,11 @@ torch::Tensor candidates(torch::Tensor x, std::vector<torch::Tensor> packed, int
           ids.push_back(s.ids[j]);
           break;
         }
-  auto out = torch::empty({static_cast<int64_t>(ids.size())}, torch::kLong);
+  auto out = at::empty({static_cast<int64_t>(ids.size())}, at::kLong);
   std::memcpy(out.data_ptr<int64_t>(), ids.data(), ids.size() * sizeof(int64_t));
   return out;
 #else
-  return torch::Tensor();
+  return at::Tensor();
 #endif
 }
 

@@ -7,7 +7,7 @@
 // step (path = the token's own slot, prefix = everything before it) computes that token after
 // commit, however many rows share the call and however the threads split them. No per-row copy of
 // the cache (the "mirror") is needed: every row reads the shared prefix.
-#include <torch/extension.h>
+#include "torch_ext.h"
 #include <ATen/Parallel.h>
 
 #include <cmath>
@@ -277,18 +277,18 @@ void path_run(const float* qp, const T* kp, const T* vp, const int64_t* pp, cons
   });
 }
 
-torch::Tensor path_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t start, torch::Tensor path,
-                             torch::Tensor lengths, double scale) {
-  const bool bf16 = k.dtype() == torch::kBFloat16;
-  TORCH_CHECK(q.dtype() == torch::kFloat32 && (k.dtype() == torch::kFloat32 || (bf16 && DECODE_BF16)) &&
+at::Tensor path_attention(at::Tensor q, at::Tensor k, at::Tensor v, int64_t start, at::Tensor path,
+                             at::Tensor lengths, double scale) {
+  const bool bf16 = k.dtype() == at::kBFloat16;
+  TORCH_CHECK(q.dtype() == at::kFloat && (k.dtype() == at::kFloat || (bf16 && DECODE_BF16)) &&
                   v.dtype() == k.dtype(),
               "path_attention: fp32 q and an fp32 (or, with AVX-512, bf16) cache");
   TORCH_CHECK(q.is_contiguous() && k.stride(2) == 1 && v.stride(2) == 1, "path_attention: contiguous head dims");
-  TORCH_CHECK(path.dtype() == torch::kInt64 && lengths.dtype() == torch::kInt64, "path_attention: int64 slots");
+  TORCH_CHECK(path.dtype() == at::kLong && lengths.dtype() == at::kLong, "path_attention: int64 slots");
   const int64_t n = q.size(0), h = q.size(1), dh = q.size(2), hk = k.size(0), p = path.size(1);
   auto path_c = path.contiguous();
   auto len_c = lengths.contiguous();
-  auto out = torch::empty_like(q);
+  auto out = at::empty_like(q);
   const float sc = static_cast<float>(scale);
   if (bf16)
     path_run(q.data_ptr<float>(), reinterpret_cast<const uint16_t*>(k.data_ptr<at::BFloat16>()),
@@ -339,19 +339,19 @@ void decode_run(const float* qp, const T* kp, const T* vp, const int64_t* lp, fl
   });
 }
 
-torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor lengths,
+at::Tensor decode_attention(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor lengths,
                                double scale) {
-  const bool bf16 = k.dtype() == torch::kBFloat16;
-  TORCH_CHECK(q.dtype() == torch::kFloat32 && (k.dtype() == torch::kFloat32 || (bf16 && DECODE_BF16)) &&
+  const bool bf16 = k.dtype() == at::kBFloat16;
+  TORCH_CHECK(q.dtype() == at::kFloat && (k.dtype() == at::kFloat || (bf16 && DECODE_BF16)) &&
                   v.dtype() == k.dtype(),
               "decode_attention: fp32 q and an fp32 (or, with AVX-512, bf16) cache");
   TORCH_CHECK(q.is_contiguous() && k.stride(3) == 1 && v.stride(3) == 1, "decode_attention: contiguous head dims");
-  TORCH_CHECK(lengths.dtype() == torch::kInt64 && lengths.numel() == q.size(0), "decode_attention: [B] int64 lengths");
+  TORCH_CHECK(lengths.dtype() == at::kLong && lengths.numel() == q.size(0), "decode_attention: [B] int64 lengths");
   const int64_t b = q.size(0), h = q.size(1), dh = q.size(2), hk = k.size(1), s = k.size(2);
   auto len_c = lengths.contiguous();
   const int64_t* lp = len_c.data_ptr<int64_t>();
   for (int64_t r = 0; r < b; ++r) TORCH_CHECK(lp[r] >= 1 && lp[r] <= s, "decode_attention: length out of range");
-  auto out = torch::empty_like(q);
+  auto out = at::empty_like(q);
   const float sc = static_cast<float>(scale);
   if (bf16)
     decode_run(q.data_ptr<float>(), reinterpret_cast<const uint16_t*>(k.data_ptr<at::BFloat16>()),

@@ -9,7 +9,7 @@
 // fixed tree, then the tail in order; inv = 1 / sqrt(sum / D + eps) (IEEE sqrt and division); each
 // output is (x * inv) * w in float32, rounded to nearest even. Rows are independent, so a row's bits
 // do not depend on how many rows share the call (exact mode).
-#include <torch/extension.h>
+#include "torch_ext.h"
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
@@ -68,12 +68,12 @@ void norm_rows(const T* x, const T* w, T* y, int64_t rows, int64_t d, float eps)
 }
 
 // x [..., D] (bf16 or float32, contiguous), w [D] same dtype -> same shape and dtype
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
+at::Tensor rms_norm(at::Tensor x, at::Tensor w, double eps) {
   TORCH_CHECK(x.scalar_type() == w.scalar_type() && w.dim() == 1 && x.size(-1) == w.size(0),
               "rms_norm: x [..., D] and w [D] of one dtype");
   x = x.contiguous();
   w = w.contiguous();
-  auto y = torch::empty_like(x);
+  auto y = at::empty_like(x);
   const int64_t d = w.size(0), rows = d ? x.numel() / d : 0;
   if (x.scalar_type() == at::kBFloat16) {
     norm_rows(x.data_ptr<c10::BFloat16>(), w.data_ptr<c10::BFloat16>(), y.data_ptr<c10::BFloat16>(), rows, d,

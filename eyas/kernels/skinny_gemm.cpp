@@ -10,7 +10,7 @@
 // (l, l+4), (l, l+2), (l, l+1), then the k tail in order, then the bias. That order does not
 // depend on how many rows share the call or how threads split N: each row's result is the same
 // bits whether it is computed alone (plain decoding) or among a tree's nodes (verification).
-#include <torch/extension.h>
+#include "torch_ext.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -40,14 +40,14 @@ void rows_against(const float* xd, int64_t m, const float* const* w, int64_t k, 
 }
 
 // x [M, K] float32, w [N, K] float32, bias [N] or empty -> [M, N]; M <= max_rows()
-torch::Tensor linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias) {
+at::Tensor linear(at::Tensor x, at::Tensor w, at::Tensor bias) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "skinny linear: x [M, K] and w [N, K]");
   TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "skinny linear: float32 only");
   TORCH_CHECK(x.size(0) <= MAX_ROWS, "skinny linear: at most ", MAX_ROWS, " rows");
   x = x.contiguous();
   w = w.contiguous();
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
-  auto out = torch::empty({m, n}, x.options());
+  auto out = at::empty({m, n}, x.options());
   const float* xd = x.data_ptr<float>();
   const float* wd = w.data_ptr<float>();
   float* od = out.data_ptr<float>();
