@@ -50,6 +50,24 @@ def test_draft_cost_fit_is_non_negative(llama, monkeypatch):
         assert d.per_step > 0 and d.per_level >= 0 and d.per_node >= 0
 
 
+def test_exact_timing_runs_prefill_their_prompt_once(llama, monkeypatch):
+    """Exact mode's prefix cache hands the timing runs the prompt's cache (the same bits), so the sizing's time goes
+    to the timed steps, not to prefilling the same prompt ~170 times: every run reuses all but the prompt's last
+    token, except the first without a drafter and the first whose drafter reads the target's features."""
+    monkeypatch.setattr(autotree, "CONTEXT", 17)
+    stores = []
+    real = autotree._prompt_store
+    monkeypatch.setattr(autotree, "_prompt_store", lambda exact: stores.append(real(exact)) or stores[-1])
+    autotree.measure_step_costs(llama, True, widths=(1, 3), steps=2, rounds=2)
+    head = random_eagle3_head(llama.config, draft_vocab_size=128, seed=3)
+    autotree.measure_draft_cost(head, llama, exact=True, hybrid=True, steps=2, rounds=1)
+    assert len(stores) == 2
+    for store in stores:
+        runs = store.queried_tokens // 17
+        assert runs >= 5 and store.hit_tokens == (runs - 2) * 16
+    assert real(False) is None  # without exact mode a reused prefix's bits could differ: every run prefills
+
+
 def test_draft_cost_fit_recovers_costs_and_stays_non_negative():
     rows = [(lv, lv * k) for k, lv in ((1, 0), (1, 2), (2, 1), (2, 2), (3, 2))]
     exact = [1e-3 + lv * 4e-4 + nd * 5e-5 for lv, nd in rows]
