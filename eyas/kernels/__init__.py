@@ -208,7 +208,7 @@ def prebuild(names: tuple[str, ...] | None = None) -> None:
     if jobs < 2:
         return
     one_time_note(f"compiling {len(todo)} CPU kernels for this CPU, {jobs} at a time",
-                  f"~{-(-len(todo) // jobs) * 15} s")
+                  f"~{-(-len(todo) // jobs) * 20} s")
     _ninja_on_path()
 
     def build(name: str) -> None:
