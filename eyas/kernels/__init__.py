@@ -205,11 +205,11 @@ def prebuild(names: tuple[str, ...] | None = None) -> None:
     """
     todo = [n for n in (names or tuple(_KERNELS)) if n not in _loaded and _wanted(n) and not _is_built(n)]
     jobs = min(len(todo), os.cpu_count() or 1)
-    if jobs < 2:
-        return
+    _ninja_on_path()
+    if jobs < 2 or not _can_compile():
+        return  # nothing to run side by side; or no toolchain: each first use warns, once, as before
     one_time_note(f"compiling {len(todo)} CPU kernels for this CPU, {jobs} at a time",
                   f"~{-(-len(todo) // jobs) * 20} s")
-    _ninja_on_path()
 
     def build(name: str) -> None:
         code = f"from eyas import kernels; kernels._get({name!r})"
@@ -218,6 +218,11 @@ def prebuild(names: tuple[str, ...] | None = None) -> None:
 
     with ThreadPoolExecutor(jobs) as pool:
         list(pool.map(build, todo))
+
+
+def _can_compile() -> bool:
+    """Whether torch's extension builder finds its tools: ninja and the C++ compiler (``$CXX``, else ``c++``)."""
+    return shutil.which("ninja") is not None and shutil.which(os.environ.get("CXX", "c++")) is not None
 
 
 def _get(name: str):

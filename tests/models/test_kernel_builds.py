@@ -91,3 +91,6 @@ def test_prebuild_compiles_the_missing_kernels_at_once_in_child_processes(tmp_pa
     children.clear()
     kernels.prebuild(("path_attn", "layer_ops"))
     assert children == []
+    monkeypatch.setenv("CXX", "/nonexistent/c++")  # no compiler: each first use warns as before, no children
+    kernels.prebuild(("path_attn", "gguf_bf16"))
+    assert children == []
