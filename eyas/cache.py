@@ -7,9 +7,10 @@ eyas caches three kinds of things, all rebuilt on demand:
   timings      per-machine choices timed at load: kernel options, the output screen, the head's int8 projections,
                tree costs, exact mode's row floors
 
-`eyas cache info` lists them with sizes; `eyas cache purge --stale` removes conversions nothing needs any more
-(partial ones, the older path-keyed ones, those whose GGUF files are all gone); `eyas cache purge [--only KIND]`
-removes everything (or one kind).
+`eyas cache info` lists them with sizes; `eyas cache purge --stale` removes what nothing needs any more:
+conversions that are partial, path-keyed (older eyas) or of GGUF files now gone, and kernel builds that are partial,
+for a torch install now gone, or not loaded for 30 days; `eyas cache purge [--only KIND]` removes everything (or one
+kind).
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 KINDS = ("conversions", "kernels", "timings")
 _TIMINGS = ("kernel_tuning", "lm_screen", "head_int8", "tree_costs", "row_floors.json")
+KERNEL_UNUSED_DAYS = 30  # a kernel build not loaded for this long is stale (rebuilding one takes ~15 s)
 
 
 @dataclass
@@ -39,9 +42,14 @@ def _size(p: Path) -> int:
     return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
 
 
-def _conversion(p: Path) -> Entry:
+def _unfinished(p: Path, now: float) -> str:
+    """Why a partial entry is stale: only an hour after it was last written (it may still be in the making)."""
+    return "partial (did not finish)" if now - p.stat().st_mtime > 3600 else ""
+
+
+def _conversion(p: Path, now: float) -> Entry:
     if ".tmp" in p.name or not (p / "model.safetensors").exists():
-        return Entry(p, "conversions", _size(p), stale="partial (a conversion that did not finish)")
+        return Entry(p, "conversions", _size(p), stale=_unfinished(p, now))
     try:
         sources = json.loads((p / "source.json").read_text())["sources"]
     except (OSError, ValueError, KeyError):
@@ -50,18 +58,41 @@ def _conversion(p: Path) -> Entry:
     return Entry(p, "conversions", _size(p), stale=stale, sources=sources)
 
 
+def _kernel_build(p: Path, now: float) -> Entry:
+    """One kernel build directory (eyas.kernels: keyed by sources, flags, CPU and the torch install it links)."""
+    size = _size(p)
+    so = sorted(p.glob("*.so"))
+    if not so:
+        return Entry(p, "kernels", size, stale=_unfinished(p, now))
+    try:
+        cflags = next(ln for ln in (p / "build.ninja").read_text().splitlines() if ln.startswith("cflags"))
+        torch_include = Path(cflags.split("-isystem ", 1)[1].split()[0])
+    except (OSError, StopIteration, IndexError):
+        return Entry(p, "kernels", size)
+    if not torch_include.exists():
+        return Entry(p, "kernels", size, stale="built for a torch install that is gone")
+    stamp = p / "last_used"
+    used = (stamp if stamp.exists() else so[0]).stat().st_mtime
+    if now - used > KERNEL_UNUSED_DAYS * 86400:
+        return Entry(p, "kernels", size, stale=f"not loaded for {KERNEL_UNUSED_DAYS} days")
+    return Entry(p, "kernels", size)
+
+
 def entries(root: Path) -> list[Entry]:
     """Everything under ``root``, classified; unknown files are left out (never removed)."""
     out: list[Entry] = []
     if not root.is_dir():
         return out
+    now = time.time()
     for p in sorted(root.iterdir()):
         if p.name in _TIMINGS:
             out.append(Entry(p, "timings", _size(p)))
-        elif p.name in ("kernels", "gguf_digests"):
-            out.append(Entry(p, "kernels" if p.name == "kernels" else "conversions", _size(p)))
+        elif p.name == "kernels" and p.is_dir():
+            out.extend(_kernel_build(d, now) for d in sorted(p.iterdir()) if d.is_dir())
+        elif p.name == "gguf_digests":
+            out.append(Entry(p, "conversions", _size(p)))
         elif p.is_dir() and ((p / "config.json").exists() or ".tmp" in p.name):
-            out.append(_conversion(p))
+            out.append(_conversion(p, now))
     return out
 
 
@@ -75,6 +106,11 @@ def cmd_info(root: Path) -> int:
     for kind in KINDS:
         mine = [e for e in found if e.kind == kind]
         print(f"{kind}: {len(mine)} entr{'y' if len(mine) == 1 else 'ies'}, {_mb(sum(e.bytes for e in mine))}")
+        if kind == "kernels":  # one build per kernel, source revision and torch install: counted, not listed
+            for why in sorted({e.stale for e in mine}):
+                same = [e for e in mine if e.stale == why]
+                print(f"  {len(same)} {'stale: ' + why if why else 'kept'}, {_mb(sum(e.bytes for e in same))}")
+            continue
         for e in mine:
             note = f"  [stale: {e.stale}]" if e.stale else ""
             src = f"  <- {', '.join(e.sources)}" if e.sources else ""
@@ -93,7 +129,10 @@ def cmd_purge(root: Path, stale: bool, only: str | None) -> int:
             shutil.rmtree(e.path, ignore_errors=True)
         else:
             e.path.unlink(missing_ok=True)
-        print(f"removed {e.path.name} ({e.kind}, {_mb(e.bytes)})")
+        if e.kind != "kernels":
+            print(f"removed {e.path.name} ({e.kind}, {_mb(e.bytes)})")
+    if builds := [e for e in chosen if e.kind == "kernels"]:
+        print(f"removed {len(builds)} kernel builds ({_mb(sum(e.bytes for e in builds))})")
     print(f"freed {_mb(sum(e.bytes for e in chosen))} under {root}")
     return 0
 
@@ -114,6 +153,6 @@ def add_cache_parser(sub) -> None:
     csub.add_parser("info", help="list the cache's entries and sizes (the default)")
     p = csub.add_parser("purge", help="remove cached entries (all, one kind, or only stale ones)")
     p.add_argument("--stale", action="store_true",
-                   help="only conversions nothing needs: partial, path-keyed (older eyas), or of GGUF files now gone")
+                   help="only what nothing needs: partial or orphaned conversions and kernel builds (see above)")
     p.add_argument("--only", choices=KINDS, default=None, help="only this kind")
     c.set_defaults(func=_run, action="info", stale=False, only=None)

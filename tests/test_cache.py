@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -97,18 +98,21 @@ def test_purge_stale_keeps_what_a_file_still_needs(tmp_path, root, capsys):
     gone = _conversion(root, "gone-bbbb", [str(tmp_path / "gone.gguf")])
     legacy = _conversion(root, "old-cccc", None)
     partial = _conversion(root, "p-dddd.123.tmp", None, done=False)
+    os.utime(partial, (0, 0))  # written long ago: a conversion that died
+    running = _conversion(root, "q-eeee.456.tmp", None, done=False)  # just now: another process may be converting
     (root / "tree_costs").mkdir()
     (root / "tree_costs" / "k.json").write_text("{}")
     (root / "notes.txt").write_text("not ours")
     kinds = {e.path.name: (e.kind, bool(e.stale)) for e in cache.entries(root)}
     assert kinds == {"live-aaaa": ("conversions", False), "gone-bbbb": ("conversions", True),
                      "old-cccc": ("conversions", True), "p-dddd.123.tmp": ("conversions", True),
-                     "tree_costs": ("timings", False)}
+                     "q-eeee.456.tmp": ("conversions", False), "tree_costs": ("timings", False)}
     assert main(["cache", "info"]) == 0
     out = capsys.readouterr().out
-    assert "conversions: 4 entries" in out and "its GGUF files are gone" in out and str(live) in out
+    assert "conversions: 5 entries" in out and "its GGUF files are gone" in out and str(live) in out
     assert main(["cache", "purge", "--stale"]) == 0
-    assert keep.exists() and not gone.exists() and not legacy.exists() and not partial.exists()
+    assert keep.exists() and running.exists()
+    assert not gone.exists() and not legacy.exists() and not partial.exists()
     assert (root / "tree_costs").exists() and (root / "notes.txt").exists()
 
 
@@ -125,3 +129,45 @@ def test_purge_one_kind_or_everything(root):
 def test_info_on_a_missing_cache(root, capsys):
     assert main(["cache"]) == 0
     assert "total 0.0 MB" in capsys.readouterr().out
+
+
+def _kernel_build(root: Path, name: str, torch_dir: Path, built: bool = True, used: float | None = None) -> Path:
+    d = root / "kernels" / name
+    (d / "src").mkdir(parents=True)
+    inc = torch_dir / "include"
+    (d / "build.ninja").write_text(f"ninja_required_version = 1.3\ncxx = c++\n\ncflags = -DTORCH_EXTENSION_NAME=x "
+                                   f"-isystem {inc} -isystem {inc}/torch/csrc/api/include\n")
+    if built:
+        (d / "eyas_x.so").write_bytes(b"\0" * 100)
+        (d / "last_used").touch()
+        if used is not None:
+            os.utime(d / "last_used", (used, used))
+    return d
+
+
+def test_purge_stale_kernel_builds(tmp_path, root, capsys):
+    """Builds for a torch install that is gone, not loaded for 30 days, or left unfinished go; the rest stay."""
+    torch_dir = tmp_path / "venv" / "torch"
+    (torch_dir / "include").mkdir(parents=True)
+    kept = _kernel_build(root, "a", torch_dir)
+    gone = _kernel_build(root, "b", tmp_path / "deleted-venv" / "torch")
+    idle = _kernel_build(root, "c", torch_dir, used=time.time() - 31 * 86400)
+    dead = _kernel_build(root, "d", torch_dir, built=False)
+    os.utime(dead, (0, 0))
+    building = _kernel_build(root, "e", torch_dir, built=False)
+    assert main(["cache", "info"]) == 0
+    out = capsys.readouterr().out
+    assert "kernels: 5 entries" in out and "2 kept" in out and "1 stale: built for a torch install that is gone" in out
+    assert main(["cache", "purge", "--stale"]) == 0
+    assert "removed 3 kernel builds" in capsys.readouterr().out
+    assert kept.exists() and building.exists() and not gone.exists() and not idle.exists() and not dead.exists()
+
+
+def test_a_kernel_load_stamps_its_build(tmp_path):
+    """eyas.kernels marks each build it loads, so purge --stale keeps the ones in use (the real build, cached)."""
+    from eyas import kernels
+
+    if kernels.rms_norm() is None:
+        pytest.skip("no C++ toolchain: nothing is built")
+    stamp = kernels._build_dir(kernels._HERE / "rms_norm.cpp") / "last_used"
+    assert stamp.exists() and time.time() - stamp.stat().st_mtime < 24 * 3600

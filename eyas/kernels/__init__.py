@@ -245,8 +245,10 @@ def _build(name: str):
         copy = _stable_copy(source, out)
         if not _is_built(name):
             one_time_note(f"compiling {what} for this CPU", "~15 s")
-        return load(f"eyas_{name}", [str(copy)], extra_cflags=cflags, extra_ldflags=ldflags,
-                    build_directory=str(out), verbose=False)
+        mod = load(f"eyas_{name}", [str(copy)], extra_cflags=cflags, extra_ldflags=ldflags,
+                   build_directory=str(out), verbose=False)
+        (out / "last_used").touch()  # `eyas cache purge --stale` removes builds not loaded for a while
+        return mod
     except Exception as e:  # no compiler, no ninja, a failed build: callers keep their PyTorch path
         warnings.warn(f"eyas: {what} unavailable ({type(e).__name__}: {str(e)[:200]}); using the slower PyTorch "
                       f"path (set {env}=0 to skip the build)", stacklevel=3)
