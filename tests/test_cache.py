@@ -71,6 +71,29 @@ def test_a_path_is_hashed_once_until_the_file_changes(tmp_path, root, conversion
     assert loading.gguf_to_dir(g) != first and len(calls) == 2
 
 
+def test_a_read_only_cache_still_serves_what_it_holds(tmp_path, root, conversions, monkeypatch):
+    """A prepared, read-only cache (an image's): the digest stamp, the source list and a kernel build's mark cannot
+    be written, and what the cache holds is used all the same. (File modes do not stop root, so writes under the
+    cache are refused by hand.)"""
+    from eyas import kernels
+
+    g = _gguf(tmp_path / "m.gguf", b"GGUF baked in")
+    d = loading.gguf_to_dir(g)
+
+    def refuse(real):
+        def method(self, *a, **kw):
+            if root in self.parents:
+                raise PermissionError(13, "Read-only file system", str(self))
+            return real(self, *a, **kw)
+        return method
+
+    for name in ("write_text", "mkdir", "touch"):
+        monkeypatch.setattr(Path, name, refuse(getattr(Path, name)))
+    other = _gguf(tmp_path / "copy" / "m.gguf", b"GGUF baked in")  # not in the stamps or the source list
+    assert loading.gguf_to_dir(other) == d and conversions == [g]
+    kernels._stamp(root / "kernels" / "x" / "last_used")  # no error
+
+
 def test_a_path_keyed_conversion_is_renamed_not_remade(tmp_path, root, conversions):
     g = _gguf(tmp_path / "m.gguf", b"GGUF legacy")
     legacy = root / f"m-{loading._stat_key(g)}"

@@ -247,12 +247,22 @@ def _build(name: str):
             one_time_note(f"compiling {what} for this CPU", "~15 s")
         mod = load(f"eyas_{name}", [str(copy)], extra_cflags=cflags, extra_ldflags=ldflags,
                    build_directory=str(out), verbose=False)
-        (out / "last_used").touch()  # `eyas cache purge --stale` removes builds not loaded for a while
+        _stamp(out / "last_used")
         return mod
     except Exception as e:  # no compiler, no ninja, a failed build: callers keep their PyTorch path
         warnings.warn(f"eyas: {what} unavailable ({type(e).__name__}: {str(e)[:200]}); using the slower PyTorch "
                       f"path (set {env}=0 to skip the build)", stacklevel=3)
         return None
+
+
+def _stamp(path: Path) -> None:
+    """Mark a build as loaded now (`eyas cache purge --stale` removes builds not loaded for a while); a read-only
+    cache keeps its builds without the mark.
+    """
+    try:
+        path.touch()
+    except OSError:
+        pass
 
 
 def _stable_copy(source: Path, out: Path) -> Path:

@@ -151,11 +151,19 @@ def gguf_digest(gguf: Path) -> str:
         return stamp.read_text().strip()
     with gguf.open("rb") as f:
         digest = hashlib.file_digest(f, "sha256").hexdigest()
-    stamp.parent.mkdir(parents=True, exist_ok=True)
-    tmp = stamp.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(digest + "\n")
-    tmp.replace(stamp)
+    _write_atomic(stamp, digest + "\n")
     return digest
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Best effort: a read-only cache (a prepared image's) still serves what it holds, hashed or listed anew."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError:
+        pass
 
 
 def record_source(out: Path, gguf: Path, digest: str) -> None:
@@ -169,9 +177,7 @@ def record_source(out: Path, gguf: Path, digest: str) -> None:
     if where in rec.get("sources", []):
         return
     rec["sources"] = [*rec.get("sources", []), where]
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(rec, indent=1))
-    tmp.replace(path)
+    _write_atomic(path, json.dumps(rec, indent=1))
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:
