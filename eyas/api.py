@@ -205,7 +205,7 @@ def _flags(ev: StepEvent) -> list[bool]:
 def load(
     model: str | None = None,
     drafter: str = "default",
-    dtype: str = "float32",
+    dtype: str = "auto",
     backend: str = "native",
     tree: str | None = None,
     exact: bool | None = None,
@@ -216,6 +216,9 @@ def load(
     **drafter_options,
 ) -> Speculator:
     """Load a target (embedded default when ``model`` is None) and a drafter by name or path.
+
+    ``dtype``: "auto" (as the command line's ``--dtype``): bfloat16 on a GPU or a CPU with AVX512-BF16/AMX, else
+    float32; or "float32" / "bfloat16".
 
     ``exact=None`` turns batch-invariant verification on for bfloat16/float16, and for float32 where it is the
     faster mode (eyas.models.exact.exact_by_default: a GGUF target's blocks on a CPU); fast mode elsewhere.

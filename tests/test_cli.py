@@ -248,3 +248,17 @@ def test_subprocess_generate_json(tiny_dir):
     assert "Traceback" not in p.stderr
     d = json.loads(p.stdout)
     assert JSON_KEYS <= set(d) and d["new_tokens"] == len(d["token_ids"]) <= 8
+
+
+def test_python_api_defaults_match_the_command_line():
+    """`eyas.load()` loads what `eyas generate` loads by default (the same dtype, drafter and backend): a user who
+    moves from the command line to Python gets the same model and speed."""
+    import inspect
+
+    import eyas
+    from eyas.cli import build_parser
+
+    cli = vars(build_parser().parse_args(["generate", "p"]))
+    api = inspect.signature(eyas.load).parameters
+    for name in ("dtype", "drafter", "backend"):
+        assert api[name].default == cli[name], name
