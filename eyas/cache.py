@@ -8,7 +8,8 @@ eyas caches three kinds of things, all rebuilt on demand:
                tree costs, exact mode's row floors
 
 `eyas cache info` lists them with sizes; `eyas cache purge --stale` removes what nothing needs any more:
-conversions that are partial, path-keyed (older eyas) or of GGUF files now gone, and kernel builds that are partial,
+conversions that are partial, path-keyed (older eyas) or of GGUF files now gone (and the hashes of such files),
+and kernel builds that are partial,
 for a torch install now gone, or not loaded for 30 days; `eyas cache purge [--only KIND]` removes everything (or one
 kind).
 """
@@ -78,6 +79,20 @@ def _kernel_build(p: Path, now: float) -> Entry:
     return Entry(p, "kernels", size)
 
 
+def _digest_stamps(d: Path) -> list[Entry]:
+    """The GGUF hashes remembered by path (eyas.models.loading.gguf_digest), counted as one entry when current and
+    one per stamp whose file is gone or changed (stale).
+    """
+    from eyas.models.loading import digest_stamp_current
+
+    stamps = sorted(f for f in d.iterdir() if f.is_file())
+    old = [f for f in stamps if not digest_stamp_current(f)]
+    out = [Entry(f, "conversions", f.stat().st_size, stale="their GGUF file is gone or changed") for f in old]
+    if len(old) < len(stamps):
+        out.append(Entry(d, "conversions", sum(f.stat().st_size for f in stamps if f not in old)))
+    return out
+
+
 def entries(root: Path) -> list[Entry]:
     """Everything under ``root``, classified; unknown files are left out (never removed)."""
     out: list[Entry] = []
@@ -89,8 +104,8 @@ def entries(root: Path) -> list[Entry]:
             out.append(Entry(p, "timings", _size(p)))
         elif p.name == "kernels" and p.is_dir():
             out.extend(_kernel_build(d, now) for d in sorted(p.iterdir()) if d.is_dir())
-        elif p.name == "gguf_digests":
-            out.append(Entry(p, "conversions", _size(p)))
+        elif p.name == "gguf_digests" and p.is_dir():
+            out.extend(_digest_stamps(p))
         elif p.is_dir() and ((p / "config.json").exists() or ".tmp" in p.name):
             out.append(_conversion(p, now))
     return out
@@ -106,12 +121,13 @@ def cmd_info(root: Path) -> int:
     for kind in KINDS:
         mine = [e for e in found if e.kind == kind]
         print(f"{kind}: {len(mine)} entr{'y' if len(mine) == 1 else 'ies'}, {_mb(sum(e.bytes for e in mine))}")
-        if kind == "kernels":  # one build per kernel, source revision and torch install: counted, not listed
-            for why in sorted({e.stale for e in mine}):
-                same = [e for e in mine if e.stale == why]
-                print(f"  {len(same)} {'stale: ' + why if why else 'kept'}, {_mb(sum(e.bytes for e in same))}")
-            continue
-        for e in mine:
+        # kernel builds (one per kernel, source revision and torch install) and hash stamps: counted, not listed
+        counted = [e for e in mine if kind == "kernels" or e.path.parent.name == "gguf_digests"]
+        for why in sorted({e.stale for e in counted}):
+            same = [e for e in counted if e.stale == why]
+            label = "kernel builds" if kind == "kernels" else "GGUF hash stamps"
+            print(f"  {len(same)} {label} {'stale: ' + why if why else 'kept'}, {_mb(sum(e.bytes for e in same))}")
+        for e in (e for e in mine if not any(e is c for c in counted)):
             note = f"  [stale: {e.stale}]" if e.stale else ""
             src = f"  <- {', '.join(e.sources)}" if e.sources else ""
             print(f"  {e.path.name:<48} {_mb(e.bytes):>12}{src}{note}")

@@ -180,7 +180,8 @@ def test_purge_stale_kernel_builds(tmp_path, root, capsys):
     building = _kernel_build(root, "e", torch_dir, built=False)
     assert main(["cache", "info"]) == 0
     out = capsys.readouterr().out
-    assert "kernels: 5 entries" in out and "2 kept" in out and "1 stale: built for a torch install that is gone" in out
+    assert "kernels: 5 entries" in out and "2 kernel builds kept" in out
+    assert "1 kernel builds stale: built for a torch install that is gone" in out
     assert main(["cache", "purge", "--stale"]) == 0
     assert "removed 3 kernel builds" in capsys.readouterr().out
     assert kept.exists() and building.exists() and not gone.exists() and not idle.exists() and not dead.exists()
@@ -194,3 +195,16 @@ def test_a_kernel_load_stamps_its_build(tmp_path):
         pytest.skip("no C++ toolchain: nothing is built")
     stamp = kernels._build_dir(kernels._HERE / "rms_norm.cpp") / "last_used"
     assert stamp.exists() and time.time() - stamp.stat().st_mtime < 24 * 3600
+
+
+def test_purge_stale_drops_the_hashes_of_files_gone_or_changed(tmp_path, root, conversions):
+    kept, moved, rewritten = (_gguf(tmp_path / f"{n}.gguf", f"GGUF {n}".encode()) for n in ("a", "b", "c"))
+    for g in (kept, moved, rewritten):
+        loading.gguf_to_dir(g)
+    moved.rename(tmp_path / "elsewhere.gguf")
+    rewritten.write_bytes(b"GGUF c, a new version")
+    stamps = root / "gguf_digests"
+    assert sum(e.stale != "" for e in cache.entries(root) if e.path.parent == stamps) == 2
+    assert main(["cache", "purge", "--stale"]) == 0
+    (left,) = stamps.iterdir()
+    assert loading.digest_stamp_current(left) and left.name == loading._stat_key(kept)

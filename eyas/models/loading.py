@@ -145,14 +145,25 @@ def _stat_key(gguf: Path) -> str:
 
 
 def gguf_digest(gguf: Path) -> str:
-    """The file's sha256, read from ``$EYAS_CACHE/gguf_digests/<path, size and mtime key>`` after the first time."""
+    """The file's sha256, read from ``$EYAS_CACHE/gguf_digests/<path, size and mtime key>`` after the first time (the
+    stamp's lines: the digest, the path; ``eyas cache purge --stale`` drops stamps of files gone or changed).
+    """
     stamp = cache_root() / "gguf_digests" / _stat_key(gguf)
     if stamp.exists():
-        return stamp.read_text().strip()
+        return stamp.read_text().split("\n", 1)[0].strip()
     with gguf.open("rb") as f:
         digest = hashlib.file_digest(f, "sha256").hexdigest()
-    _write_atomic(stamp, digest + "\n")
+    _write_atomic(stamp, f"{digest}\n{gguf.resolve()}\n")
     return digest
+
+
+def digest_stamp_current(stamp: Path) -> bool:
+    """Whether a ``gguf_digests`` stamp still describes its file (there, with the size and mtime it was hashed at)."""
+    try:
+        path = Path(stamp.read_text().split("\n")[1])
+        return path.is_file() and _stat_key(path) == stamp.name
+    except (OSError, IndexError):
+        return False
 
 
 def _write_atomic(path: Path, text: str) -> None:
