@@ -145,10 +145,12 @@ def cmd_purge(root: Path, stale: bool, only: str | None) -> int:
             shutil.rmtree(e.path, ignore_errors=True)
         else:
             e.path.unlink(missing_ok=True)
-        if e.kind != "kernels":
+        if e.kind != "kernels" and e.path.parent.name != "gguf_digests":
             print(f"removed {e.path.name} ({e.kind}, {_mb(e.bytes)})")
     if builds := [e for e in chosen if e.kind == "kernels"]:
         print(f"removed {len(builds)} kernel builds ({_mb(sum(e.bytes for e in builds))})")
+    if stamps := [e for e in chosen if e.path.parent.name == "gguf_digests"]:
+        print(f"removed {len(stamps)} GGUF hash stamps")
     print(f"freed {_mb(sum(e.bytes for e in chosen))} under {root}")
     return 0
 
