@@ -190,8 +190,13 @@ def _wanted(name: str) -> bool:
     return True
 
 
-def _is_built(name: str) -> bool:
-    out = _build_dir(_HERE / f"{name}.cpp", _OWN_FLAGS.get(name, []))
+def _out_dir(name: str) -> Path:
+    """Where ``name``'s build lives (``_build_dir`` of its source and own flags)."""
+    return _build_dir(_HERE / f"{name}.cpp", _OWN_FLAGS.get(name, []))
+
+
+def _is_built(name: str, out: Path) -> bool:
+    """Whether ``out`` (``_out_dir(name)``) holds a finished build of its own copy of the source."""
     ninja = out / "build.ninja"
     return any(out.glob("*.so")) and ninja.exists() and str(out / "src" / f"{name}.cpp") in ninja.read_text()
 
@@ -203,7 +208,7 @@ def prebuild(names: tuple[str, ...] | None = None) -> None:
     builds run in child processes, as many at a time as there are cores; what a child fails to build is built (or
     reported) here on first use as before.
     """
-    todo = [n for n in (names or tuple(_KERNELS)) if n not in _loaded and _wanted(n) and not _is_built(n)]
+    todo = [n for n in (names or tuple(_KERNELS)) if n not in _loaded and _wanted(n) and not _is_built(n, _out_dir(n))]
     jobs = min(len(todo), os.cpu_count() or 1)
     _ninja_on_path()
     if jobs < 2 or not _can_compile():
@@ -236,14 +241,13 @@ def _build(name: str):
     from torch.utils.cpp_extension import load
 
     what, env = _KERNELS[name]
-    source = _HERE / f"{name}.cpp"
-    out = _build_dir(source, _OWN_FLAGS.get(name, []))
+    out = _out_dir(name)
     cflags, ldflags = build_flags(name)
     _ninja_on_path()
     try:
         out.mkdir(parents=True, exist_ok=True)
-        copy = _stable_copy(source, out)
-        if not _is_built(name):
+        copy = _stable_copy(_HERE / f"{name}.cpp", out)
+        if not _is_built(name, out):
             one_time_note(f"compiling {what} for this CPU", "~15 s")
         mod = load(f"eyas_{name}", [str(copy)], extra_cflags=cflags, extra_ldflags=ldflags,
                    build_directory=str(out), verbose=False)

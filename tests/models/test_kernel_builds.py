@@ -68,7 +68,7 @@ def test_prebuild_compiles_the_missing_kernels_at_once_in_child_processes(tmp_pa
     monkeypatch.setenv("EYAS_NORM_KERNEL", "0")
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     built = {"layer_ops"}
-    monkeypatch.setattr(kernels, "_is_built", lambda name: name in built)
+    monkeypatch.setattr(kernels, "_is_built", lambda name, out: name in built)
     monkeypatch.setattr(kernels, "_loaded", {"skinny_gemm": None})
     running, most, children = [0], [0], []
     lock = threading.Lock()
