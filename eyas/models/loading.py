@@ -24,6 +24,7 @@ from eyas.models.config import ModelConfig
 from eyas.models.cpu import native_bf16
 from eyas.models.gguf_blocks import attach_gguf_blocks
 from eyas.models.gguf_tuning import tune_block_kernel
+from eyas.models.machine_cache import write_atomic
 from eyas.models.native import NativeLlama
 
 DEFAULT_MODEL = "embedded:smollm2-135m-instruct"
@@ -153,7 +154,7 @@ def gguf_digest(gguf: Path) -> str:
         return stamp.read_text().split("\n", 1)[0].strip()
     with gguf.open("rb") as f:
         digest = hashlib.file_digest(f, "sha256").hexdigest()
-    _write_atomic(stamp, f"{digest}\n{gguf.resolve()}\n")
+    _try_write(stamp, f"{digest}\n{gguf.resolve()}\n")
     return digest
 
 
@@ -166,13 +167,12 @@ def digest_stamp_current(stamp: Path) -> bool:
         return False
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Best effort: a read-only cache (a prepared image's) still serves what it holds, hashed or listed anew."""
+def _try_write(path: Path, text: str) -> None:
+    """``write_atomic``, best effort: a read-only cache (a prepared image's) still serves what it holds, hashed or
+    listed anew.
+    """
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        write_atomic(path, text)
     except OSError:
         pass
 
@@ -188,7 +188,7 @@ def record_source(out: Path, gguf: Path, digest: str) -> None:
     if where in rec.get("sources", []):
         return
     rec["sources"] = [*rec.get("sources", []), where]
-    _write_atomic(path, json.dumps(rec, indent=1))
+    _try_write(path, json.dumps(rec, indent=1))
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:
@@ -277,8 +277,9 @@ def load_target(spec: str | None = None, dtype="float32", backend: str = "native
     from transformers import AutoTokenizer
 
     dt = parse_dtype(dtype)
-    on_cpu = device is None or torch.device(device).type == "cpu"
-    if backend == "native" and on_cpu and quantize in (None, "none") and gguf_source(spec) is not None:
+    # the GGUF file whose blocks a native, unquantised target's projections read on a CPU
+    src = gguf_source(spec) if backend == "native" and quantize in (None, "none") else None
+    if src is not None and (device is None or torch.device(device).type == "cpu"):
         kernels.prebuild(kernels.USED_BY.get(dt))  # the first use's builds at once instead of one by one
     d = resolve_model_dir(spec)
     if backend == "native":
@@ -290,7 +291,7 @@ def load_target(spec: str | None = None, dtype="float32", backend: str = "native
                 model.quantize_(quantize)
             except ValueError as e:
                 raise ModelLoadError(str(e)) from None
-        elif (src := gguf_source(spec)) is not None:
+        elif src is not None:
             # CPU decoding reads the file's blocks (same weights, fewer bytes); bf16's kernel run as this CPU runs
             # it fastest
             if attach_gguf_blocks(model, src) and model.dtype == torch.bfloat16:

@@ -35,11 +35,18 @@ def cached_json(kind: str, key: dict, measure: Callable[[], dict], cache_dir: Pa
     if path.exists():
         return json.loads(path.read_text())
     record = {"key": key, **measure()}
+    write_atomic(path, json.dumps(record, indent=1))
+    return record
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a file of this process's own beside it, then rename: a reader never sees a
+    half-written file, and of two writers one wins whole.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record, indent=1))
+    tmp.write_text(text)
     tmp.replace(path)
-    return record
 
 
 def best_alternating(sides: dict[Hashable, Callable[[], None]], rounds: int, repeats: int) -> dict[Hashable, float]:
