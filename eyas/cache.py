@@ -25,6 +25,7 @@ from pathlib import Path
 
 KINDS = ("conversions", "kernels", "timings")
 _TIMINGS = ("kernel_tuning", "lm_screen", "head_int8", "tree_costs", "row_floors.json")
+_BUILDS, _STAMPS = "kernel builds", "GGUF hash stamps"  # Entry.group
 KERNEL_UNUSED_DAYS = 30  # a kernel build not loaded for this long is stale (rebuilding one takes ~15 s)
 
 
@@ -35,6 +36,7 @@ class Entry:
     bytes: int
     stale: str = ""  # why purge --stale removes it; empty if something may still load it
     sources: list[str] = field(default_factory=list)  # conversions: the GGUF paths it was made from
+    group: str = ""  # many small entries of one sort ("kernel builds"): counted by state, not listed one by one
 
 
 def _size(p: Path) -> int:
@@ -61,22 +63,24 @@ def _conversion(p: Path, now: float) -> Entry:
 
 def _kernel_build(p: Path, now: float) -> Entry:
     """One kernel build directory (eyas.kernels: keyed by sources, flags, CPU and the torch install it links)."""
-    size = _size(p)
+    return Entry(p, "kernels", _size(p), stale=_build_staleness(p, now), group=_BUILDS)
+
+
+def _build_staleness(p: Path, now: float) -> str:
+    """Why purge --stale removes a kernel build, or "" to keep it."""
     so = sorted(p.glob("*.so"))
     if not so:
-        return Entry(p, "kernels", size, stale=_unfinished(p, now))
+        return _unfinished(p, now)
     try:
         cflags = next(ln for ln in (p / "build.ninja").read_text().splitlines() if ln.startswith("cflags"))
         torch_include = Path(cflags.split("-isystem ", 1)[1].split()[0])
     except (OSError, StopIteration, IndexError):
-        return Entry(p, "kernels", size)
+        return ""
     if not torch_include.exists():
-        return Entry(p, "kernels", size, stale="built for a torch install that is gone")
+        return "built for a torch install that is gone"
     stamp = p / "last_used"
     used = (stamp if stamp.exists() else so[0]).stat().st_mtime
-    if now - used > KERNEL_UNUSED_DAYS * 86400:
-        return Entry(p, "kernels", size, stale=f"not loaded for {KERNEL_UNUSED_DAYS} days")
-    return Entry(p, "kernels", size)
+    return f"not loaded for {KERNEL_UNUSED_DAYS} days" if now - used > KERNEL_UNUSED_DAYS * 86400 else ""
 
 
 def _digest_stamps(d: Path) -> list[Entry]:
@@ -87,9 +91,10 @@ def _digest_stamps(d: Path) -> list[Entry]:
 
     stamps = sorted(f for f in d.iterdir() if f.is_file())
     old = [f for f in stamps if not digest_stamp_current(f)]
-    out = [Entry(f, "conversions", f.stat().st_size, stale="their GGUF file is gone or changed") for f in old]
+    out = [Entry(f, "conversions", f.stat().st_size, stale="their GGUF file is gone or changed", group=_STAMPS)
+           for f in old]
     if len(old) < len(stamps):
-        out.append(Entry(d, "conversions", sum(f.stat().st_size for f in stamps if f not in old)))
+        out.append(Entry(d, "conversions", sum(f.stat().st_size for f in stamps if f not in old), group=_STAMPS))
     return out
 
 
@@ -121,13 +126,10 @@ def cmd_info(root: Path) -> int:
     for kind in KINDS:
         mine = [e for e in found if e.kind == kind]
         print(f"{kind}: {len(mine)} entr{'y' if len(mine) == 1 else 'ies'}, {_mb(sum(e.bytes for e in mine))}")
-        # kernel builds (one per kernel, source revision and torch install) and hash stamps: counted, not listed
-        counted = [e for e in mine if kind == "kernels" or e.path.parent.name == "gguf_digests"]
-        for why in sorted({e.stale for e in counted}):
-            same = [e for e in counted if e.stale == why]
-            label = "kernel builds" if kind == "kernels" else "GGUF hash stamps"
-            print(f"  {len(same)} {label} {'stale: ' + why if why else 'kept'}, {_mb(sum(e.bytes for e in same))}")
-        for e in (e for e in mine if not any(e is c for c in counted)):
+        for group, why in sorted({(e.group, e.stale) for e in mine if e.group}):
+            same = [e for e in mine if (e.group, e.stale) == (group, why)]
+            print(f"  {len(same)} {group} {'stale: ' + why if why else 'kept'}, {_mb(sum(e.bytes for e in same))}")
+        for e in (e for e in mine if not e.group):
             note = f"  [stale: {e.stale}]" if e.stale else ""
             src = f"  <- {', '.join(e.sources)}" if e.sources else ""
             print(f"  {e.path.name:<48} {_mb(e.bytes):>12}{src}{note}")
@@ -145,12 +147,11 @@ def cmd_purge(root: Path, stale: bool, only: str | None) -> int:
             shutil.rmtree(e.path, ignore_errors=True)
         else:
             e.path.unlink(missing_ok=True)
-        if e.kind != "kernels" and e.path.parent.name != "gguf_digests":
+        if not e.group:
             print(f"removed {e.path.name} ({e.kind}, {_mb(e.bytes)})")
-    if builds := [e for e in chosen if e.kind == "kernels"]:
-        print(f"removed {len(builds)} kernel builds ({_mb(sum(e.bytes for e in builds))})")
-    if stamps := [e for e in chosen if e.path.parent.name == "gguf_digests"]:
-        print(f"removed {len(stamps)} GGUF hash stamps")
+    for group in sorted({e.group for e in chosen if e.group}):
+        same = [e for e in chosen if e.group == group]
+        print(f"removed {len(same)} {group} ({_mb(sum(e.bytes for e in same))})")
     print(f"freed {_mb(sum(e.bytes for e in chosen))} under {root}")
     return 0
 
