@@ -218,6 +218,7 @@ class SpecDecoder:
         eyas.models.native.causal_paths.) For the same reason exact mode starts after the longest prefix
         ``self.prefix`` holds (a multiple of PREFILL_QUANTUM), copied rather than computed.
         """
+        prompt = prompt.to(self.target.device)  # callers' ids come from the tokenizer, on the CPU
         t = prompt.shape[0]
         budget = t + self.cfg.max_new_tokens + self.width + 1
         limit = self.target.config.max_position_embeddings
