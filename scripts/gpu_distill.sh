@@ -36,6 +36,9 @@
 # VOCAB (unset): `eyas train --grow-draft-vocab VOCAB`, the head's 8,192-id draft vocabulary grown (its ids and rows
 # kept, the data's most frequent other tokens added, their rows mapped from the target's; docs/heads.md "The draft
 # vocabulary"), e.g. 12288 or 16384; set it for both calls, and take config.json from meta.tar.gz, as for WIDEN.
+# PAD (unset): `eyas train --pad-multiple PAD`, each batch padded to a multiple of PAD tokens (e.g. 64), so the
+# target's attention sees ~16 shapes instead of one per batch (the ninth draw's profile: cuDNN's attention forward took
+# 1.9 ms of host time a call, and the device idled two thirds of a step; docs/heads.md). Not yet measured on a GPU.
 # The shipped head (the start of training) is stashed by call 1 too, so call 2's tree can leave it out.
 set -u -o pipefail
 STASH=${STASH:-/root/eyas-stash}
@@ -144,6 +147,7 @@ EOF
         --save-every 3 --time-budget 60 --target-dtype bfloat16 --mixed-precision bf16 || return 1
     python3 -m eyas train --data "$WORK/smoke-train.jsonl" --model "$tiny" --out "$WORK/smoke-run2" --max-steps 12 \
         --init-head "$WORK/smoke-run/head" ${WIDEN:+--widen-mlp "$WIDEN"} ${VOCAB:+--grow-draft-vocab "$VOCAB"} \
+        ${PAD:+--pad-multiple "$PAD"} \
         --batch-tokens 2048 --max-len 256 \
         --holdout 0 --eval-every 100000 --wall-budget 90 --target-dtype bfloat16 --mixed-precision bf16 \
         --profile-steps 2 || return 1
@@ -191,7 +195,8 @@ EOF
     local wall=$(( ${END_S:-560} - ($(date +%s) - t0) ))
     stamp "training with --wall-budget $wall"
     python3 -m eyas train --data "$data" --model "$gguf" --out "$run" --kind eagle3 --ttt-steps 3 \
-        --init-head "$STASH/head" ${WIDEN:+--widen-mlp "$WIDEN"} ${VOCAB:+--grow-draft-vocab "$VOCAB"} --max-len 1024 \
+        --init-head "$STASH/head" ${WIDEN:+--widen-mlp "$WIDEN"} ${VOCAB:+--grow-draft-vocab "$VOCAB"} \
+        ${PAD:+--pad-multiple "$PAD"} --max-len 1024 \
         --batch-tokens "${TRAIN_TOKENS:-16384}" \
         --lr "${LR:-4e-4}" --warmup-steps 20 --epochs 4 --wall-budget "$wall" --save-every 100000 \
         --eval-every 100000 --holdout 0 --seed 0 --target-dtype bfloat16 --mixed-precision bf16 --profile-steps 5 2>&1 \

@@ -82,6 +82,10 @@ def _add_run_args(p: argparse.ArgumentParser, d: TrainConfig) -> None:
     p.add_argument("--profile-steps", type=int, default=d.profile_steps, metavar="N",
                    help="profile this run's steps 10 .. 9+N (0-based) with torch.profiler: OUT/profile.txt, ops by "
                         "device time on a GPU (CPU time elsewhere); the steps train as usual")
+    p.add_argument("--pad-multiple", type=int, default=d.pad_multiple, metavar="N",
+                   help="pad each batch's length up to a multiple of N (the target then sees a few shapes, not one "
+                        "per batch: on a GPU each new shape can cost cuDNN's attention a plan); padding is masked out, "
+                        "the loss is the same")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: one per core; 1 on a CPU shared with other jobs)")
 
@@ -110,6 +114,8 @@ def cmd_train(a: argparse.Namespace) -> int:
                          f"0 = one-hot), got {a.label_temperature}")
     if a.miss_weight < 0:
         raise ValueError(f"--miss-weight must be >= 0 (0 = every position alike), got {a.miss_weight}")
+    if a.pad_multiple < 1:
+        raise ValueError(f"--pad-multiple must be >= 1 (1 = pad to the longest only), got {a.pad_multiple}")
     if a.profile_steps < 0:
         raise ValueError(f"--profile-steps must be >= 0 (0 = no profile), got {a.profile_steps}")
     if a.batch_tokens < a.max_len:
@@ -124,7 +130,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         feature_cache=a.feature_cache, seed=a.seed, init_head=a.init_head, widen_mlp=a.widen_mlp,
         grow_draft_vocab=a.grow_draft_vocab,
         time_budget=a.time_budget,
-        wall_budget=a.wall_budget, profile_steps=a.profile_steps,
+        wall_budget=a.wall_budget, profile_steps=a.profile_steps, pad_multiple=a.pad_multiple,
     )
     train(cfg)
     return 0

@@ -173,9 +173,15 @@ def split_holdout(examples: list[Example], n: int) -> tuple[list[Example], list[
     return [e for e in examples if id(e) not in hold], key[:n]
 
 
-def collate(batch: list[Example]) -> dict[str, torch.Tensor]:
-    """Right-pad to the longest: input_ids, attention_mask, loss_mask [B, T]."""
+def collate(batch: list[Example], multiple: int = 1) -> dict[str, torch.Tensor]:
+    """Right-pad to the longest, rounded up to a multiple of ``multiple``: input_ids, attention_mask, loss_mask
+    [B, T]. A multiple > 1 gives the target's forward a few lengths instead of one per batch (on a GPU each new
+    shape can cost the attention library a new plan); padded positions are masked out of attention and loss.
+    """
+    if multiple < 1:
+        raise ValueError(f"the padding multiple must be >= 1, got {multiple}")
     t = max(e.input_ids.shape[0] for e in batch)
+    t = -(-t // multiple) * multiple
     ids = torch.zeros(len(batch), t, dtype=torch.long)
     att = torch.zeros(len(batch), t, dtype=torch.bool)
     loss = torch.zeros(len(batch), t, dtype=torch.bool)

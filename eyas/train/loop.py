@@ -72,6 +72,7 @@ class TrainConfig:
     # wall-clock seconds for the whole call (loading, steps, export): the steps get what loading and EXPORT_S leave
     wall_budget: float | None = None
     profile_steps: int = 0  # profile steps 10 .. 9+N of this run (0-based) into OUT/profile.txt (eyas.train.profiling)
+    pad_multiple: int = 1  # online features: batches padded to a multiple of this length (eyas.train.dataset.collate)
     extra: dict = field(default_factory=dict)
 
 
@@ -310,7 +311,7 @@ def _feature_source(cfg: TrainConfig, target, objective):
         return FeatureCache(cfg.feature_cache, f)
 
     def online(examples: list[Example]):
-        b = collate(examples)
+        b = collate(examples, cfg.pad_multiple)
         return f(b["input_ids"], b["attention_mask"], b["loss_mask"])
 
     return online

@@ -285,3 +285,49 @@ def test_loss_waits_for_the_device_once(tiny):
         if not align:
             assert c.bool_index == 0
         assert torch.isfinite(loss)
+
+
+@torch.no_grad()
+def test_padding_to_a_multiple_leaves_the_loss_unchanged(tiny):
+    """collate(..., multiple): the batch is longer (a few shapes for the GPU's attention), the padded positions are
+    masked out of attention and loss, so the loss and its statistics are those of the unpadded batch."""
+    from eyas.train.dataset import Example, collate
+
+    target = tiny.native("llama", seed=0)
+    head = random_eagle3_head(target.config, draft_vocab_size=96, seed=2)
+    obj = Eagle3Objective(head, target, Eagle3LossConfig(ttt_steps=3))
+    g = torch.Generator().manual_seed(3)
+    examples = []
+    for n in (13, 9):
+        ids = torch.randint(0, target.config.vocab_size, (n,), generator=g)
+        mask = torch.zeros(n, dtype=torch.bool)
+        mask[3 : n - 1] = True
+        examples.append(Example(ids, mask))
+    featurize = TargetFeaturizer(target, head.cfg.aux_layers)
+    results = []
+    for multiple in (1, 16):
+        b = collate(examples, multiple)
+        assert b["input_ids"].shape == (2, 13 if multiple == 1 else 16)
+        results.append(obj.loss(featurize(b["input_ids"], b["attention_mask"], b["loss_mask"])))
+    (loss1, stats1), (loss16, stats16) = results
+    assert torch.allclose(loss1, loss16, atol=1e-5)
+    assert stats1.keys() == stats16.keys()
+    for k in stats1:
+        assert torch.allclose(torch.as_tensor(stats1[k]), torch.as_tensor(stats16[k]), atol=1e-5), k
+    with pytest.raises(ValueError, match="multiple"):
+        collate(examples, 0)
+
+
+def test_cli_passes_the_padding_multiple_and_rejects_zero(monkeypatch):
+    import eyas.train.command as command
+    from eyas.cli import build_parser
+
+    seen = []
+    monkeypatch.setattr(command, "train", seen.append)
+    a = build_parser().parse_args(["train", "--data", "d.jsonl", "--out", "o", "--pad-multiple", "64"])
+    assert a.func(a) == 0 and seen[0].pad_multiple == 64
+    a = build_parser().parse_args(["train", "--data", "d.jsonl", "--out", "o"])
+    assert a.func(a) == 0 and seen[1].pad_multiple == 1  # pad to the longest only, unless asked
+    a = build_parser().parse_args(["train", "--data", "d.jsonl", "--out", "o", "--pad-multiple", "0"])
+    with pytest.raises(ValueError, match="--pad-multiple"):
+        a.func(a)
