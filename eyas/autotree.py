@@ -42,6 +42,7 @@ from eyas.formats.eagle3 import load_eagle3
 from eyas.kv.prefix import PrefixCacheConfig, PrefixStore
 from eyas.models import gguf_tuning
 from eyas.models.exact import exact_by_default
+from eyas.models.gguf_blocks import attached_blocks
 from eyas.models.int8_rows import int8_head_ready
 from eyas.models.loading import LoadedTarget, cache_root
 from eyas.models.machine_cache import cached_json, machine_key
@@ -212,7 +213,7 @@ def tree_cost_key(target: LoadedTarget, head_dir: Path, exact: bool, hybrid: boo
         # float32 projections at few rows through the streaming kernel: verify widths 2-16 cost far less
         skinny=model.dtype == torch.float32 and skinny_gemm_ready(),
         # bf16 projections read from GGUF blocks (eyas.models.gguf_blocks): cheaper at one row, dearer wide
-        gguf_blocks=sum("_eyas_blocks" in m.__dict__ for m in model.modules()),
+        gguf_blocks=sum(attached_blocks(m) is not None for m in model.modules()),
         gguf_tuning=asdict(gguf_tuning.active()),  # the block kernel's per-CPU choices (eyas.models.gguf_tuning)
         head_q8=os.environ.get("EYAS_HEAD_Q8", "1") != "0",  # the head's Q8_0 weights
         # greedy steps' output projection screened (eyas.models.lm_screen): a verify row costs less

@@ -19,7 +19,7 @@ import torch
 
 import eyas
 from eyas import kernels
-from eyas.models.gguf_blocks import GGUFBlocks
+from eyas.models.gguf_blocks import GGUFBlocks, attached_blocks
 
 SOURCES = ("gguf_f32.cpp", "f32_dot.h", "gguf_quants.h")
 
@@ -48,8 +48,8 @@ def main() -> None:
         old = build_revision(a.rev, Path(tmp))
         new = kernels.gguf_f32()
         spec = eyas.load(dtype="float32", drafter="none")
-        blocks = [m.__dict__["_eyas_blocks"] for m in spec.target.model.modules()
-                  if isinstance(m.__dict__.get("_eyas_blocks"), GGUFBlocks)]
+        blocks = [attached_blocks(m) for m in spec.target.model.modules()
+                  if isinstance(attached_blocks(m), GGUFBlocks)]
         nbytes = sum(b.data.numel() for b in blocks)
         empty = torch.empty(0)
         print(f"{len(blocks)} projections, {nbytes / 1e6:.1f} MB of blocks; {a.rev} against the working tree")

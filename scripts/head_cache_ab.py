@@ -21,6 +21,7 @@ import torch
 import eyas
 from eyas.drafters.head_kernels import fused_parts
 from eyas.drafters.hybrid import HybridDrafter
+from eyas.models.gguf_blocks import attached_blocks
 
 
 def head_blocks(head: torch.nn.Module) -> list[torch.Tensor]:
@@ -32,8 +33,8 @@ def head_blocks(head: torch.nn.Module) -> list[torch.Tensor]:
         if "_eyas_fused" in mod.__dict__:
             out.append(mod.__dict__["_eyas_fused"].data)
             fused_away.update(id(p) for p in fused_parts(mod))
-    out += [m.__dict__["_eyas_blocks"].data for m in head.modules()
-            if "_eyas_blocks" in m.__dict__ and id(m) not in fused_away]
+    out += [attached_blocks(m).data for m in head.modules()
+            if attached_blocks(m) is not None and id(m) not in fused_away]
     return out
 
 

@@ -18,6 +18,7 @@ import time
 import torch
 
 import eyas
+from eyas.models.gguf_blocks import attached_blocks
 from eyas.models.int8_rows import _kernel
 
 
@@ -33,9 +34,9 @@ def main() -> None:
     head = spec.drafter.head  # the hybrid drafter's head drafter, or the head itself
     head = getattr(head, "head", head)
     ml = head.midlayer
-    mods = {"q|k|v": ml.self_attn.__dict__.get("_eyas_fused"), "o": ml.self_attn.o_proj.__dict__.get("_eyas_blocks"),
-            "gate|up": ml.mlp.__dict__.get("_eyas_fused"), "down": ml.mlp.down_proj.__dict__.get("_eyas_blocks"),
-            "lm_head": head.lm_head.__dict__.get("_eyas_blocks")}
+    mods = {"q|k|v": ml.self_attn.__dict__.get("_eyas_fused"), "o": attached_blocks(ml.self_attn.o_proj),
+            "gate|up": ml.mlp.__dict__.get("_eyas_fused"), "down": attached_blocks(ml.mlp.down_proj),
+            "lm_head": attached_blocks(head.lm_head)}
     if any(type(m).__name__ != "Int8Rows" for m in mods.values()):
         raise SystemExit("the head's projections are not on the int8 kernel (EYAS_HEAD_INT8=0, or a bf16 head)")
     xs = {n: torch.randn(a.rows, m.k) for n, m in mods.items()}

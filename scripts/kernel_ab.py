@@ -32,6 +32,7 @@ from eyas import kernels
 from eyas.autotree import CONTEXT, JunkTree, _step_times
 from eyas.decode import DecodeConfig, SpecDecoder
 from eyas.models import gguf_blocks, gguf_tuning
+from eyas.models.gguf_blocks import attached_blocks
 
 KERNEL = "eyas/kernels/gguf_bf16.cpp"
 
@@ -63,7 +64,7 @@ def main() -> None:
     rows = [int(r) for r in a.rows.split(",")]
     spec = eyas.load(dtype="bfloat16", drafter="none")  # applies this machine's tuning to the working tree's build
     new = kernels.gguf_bf16()
-    blocks = [m.__dict__["_eyas_blocks"] for m in spec.target.model.modules() if "_eyas_blocks" in m.__dict__]
+    blocks = [attached_blocks(m) for m in spec.target.model.modules() if attached_blocks(m) is not None]
     if new is None or not new.available() or not blocks:
         raise SystemExit("needs AVX512-BF16 and the embedded GGUF target's block projections")
     chosen = gguf_tuning.active()
@@ -116,7 +117,7 @@ def time_steps(model, builds: dict, tunings: dict, widths: list[int], rounds: in
         for name, k in builds.items():
             gguf_blocks._kernel.value = k  # every block projection of the process now runs on this build
             for mod in model.modules():  # ... in its own layout, made again at the first call
-                if (b := mod.__dict__.get("_eyas_blocks")) is not None:
+                if (b := attached_blocks(mod)) is not None:
                     b.__dict__.pop("_packed", None)
             model.__dict__.pop("_decode_plan", None)  # and the plan, which holds the kernel and the layouts
             gguf_tuning.set_on(k, tunings[name])

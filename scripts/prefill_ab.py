@@ -28,6 +28,7 @@ import torch
 
 import eyas
 import eyas.models.exact as exact
+from eyas.models.gguf_blocks import attached_blocks
 
 
 def prefill_ms(spec, prompt: str, dense: bool) -> tuple[float, int]:
@@ -46,7 +47,7 @@ def prefill_ms(spec, prompt: str, dense: bool) -> tuple[float, int]:
 
 def projections(spec, rows: list[int], passes: int = 3) -> None:
     """The layers' projections (not the vocabulary row) at each row count: the dense GEMM against the blocks."""
-    mods = [m for m in spec.target.model.model.layers.modules() if "_eyas_blocks" in m.__dict__]
+    mods = [m for m in spec.target.model.model.layers.modules() if attached_blocks(m) is not None]
     dtype = spec.target.model.dtype
     for m in rows:
         xs = [torch.randn(m, mod.in_features).to(dtype) for mod in mods]
@@ -57,7 +58,7 @@ def projections(spec, rows: list[int], passes: int = 3) -> None:
                 t0 = time.perf_counter()
                 with torch.inference_mode():
                     for mod, x in zip(mods, xs, strict=True):
-                        mod.dense(x) if name == "dense" else mod.__dict__["_eyas_blocks"].linear(x, None)
+                        mod.dense(x) if name == "dense" else attached_blocks(mod).linear(x, None)
                 runs.append(time.perf_counter() - t0)
             best[name] = 1e3 * min(runs)
         print(f"{m:4d} rows, {len(mods)} projections: dense {best['dense']:6.1f} ms  blocks {best['blocks']:6.1f} ms  "

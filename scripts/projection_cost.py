@@ -13,6 +13,7 @@ import time
 import torch
 
 import eyas
+from eyas.models.gguf_blocks import attached_blocks
 
 
 def main() -> None:
@@ -25,12 +26,12 @@ def main() -> None:
     rows = [int(r) for r in a.rows.split(",")]
     dtype = getattr(torch, a.dtype)
     spec = eyas.load(dtype=a.dtype, drafter="none")
-    mods = [m for m in spec.target.model.modules() if "_eyas_blocks" in m.__dict__]
+    mods = [m for m in spec.target.model.modules() if attached_blocks(m) is not None]
     if not mods:
         raise SystemExit(f"no GGUF-block projections in {a.dtype}: needs the embedded GGUF target and, for bf16, "
                          "a CPU with AVX512-BF16")
     xs = {r: [torch.randn(r, m.weight.shape[1]).to(dtype) for m in mods] for r in rows}
-    paths = {"blocks": lambda m, x: m.__dict__["_eyas_blocks"].linear(x, None)}
+    paths = {"blocks": lambda m, x: attached_blocks(m).linear(x, None)}
     if dtype == torch.float32:
         from eyas.models.packed import skinny_kernel
 

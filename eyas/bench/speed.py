@@ -162,13 +162,13 @@ def head_projections(drafter) -> dict[str, int] | None:
         head = getattr(head, "head", None)  # the hybrid drafter's head drafter, then its module
     if head is None:
         return None
-    from eyas.models.gguf_blocks import GGUFBlocks
+    from eyas.models.gguf_blocks import GGUFBlocks, attached_blocks
     from eyas.models.int8_rows import Int8Rows
 
     counts = dict.fromkeys(("int8", "q8_0", "dense"), 0)
     for mod in head.modules():
         if isinstance(mod, torch.nn.Linear):
-            blocks = mod.__dict__.get("_eyas_blocks")
+            blocks = attached_blocks(mod)
             kind = "int8" if isinstance(blocks, Int8Rows) else "q8_0" if isinstance(blocks, GGUFBlocks) else "dense"
             counts[kind] += 1
     return counts
@@ -176,10 +176,12 @@ def head_projections(drafter) -> dict[str, int] | None:
 
 def target_projections(model) -> dict[str, int]:
     """The target's projections by what they read: the GGUF file's blocks or a dense weight."""
+    from eyas.models.gguf_blocks import attached_blocks
+
     counts = {"gguf_blocks": 0, "dense": 0}
     for mod in model.modules():
         if isinstance(mod, torch.nn.Linear):
-            counts["gguf_blocks" if "_eyas_blocks" in mod.__dict__ else "dense"] += 1
+            counts["gguf_blocks" if attached_blocks(mod) is not None else "dense"] += 1
     return counts
 
 

@@ -31,7 +31,7 @@ from torch import nn
 
 from eyas import kernels
 from eyas.kv.static import KVCache
-from eyas.models.gguf_blocks import FAST_ROWS
+from eyas.models.gguf_blocks import FAST_ROWS, attached_blocks
 from eyas.models.layers import rms_norm
 
 
@@ -75,7 +75,7 @@ def fuse_head_blocks_(head: nn.Module) -> int:
         parts = fused_parts(mod)
         if parts is None:
             continue
-        blocks = [p.__dict__.get("_eyas_blocks") for p in parts]
+        blocks = [attached_blocks(p) for p in parts]
         if any(b is None for b in blocks) or any(p.bias is not None for p in parts):
             continue
         if len({p.weight.dtype for p in parts}) != 1:

@@ -28,7 +28,7 @@ from eyas.kv.static import KVCache
 from eyas.models import gguf_tuning
 from eyas.models.attention import AttnMeta
 from eyas.models.base import PathAttention
-from eyas.models.gguf_blocks import GGUFBlocks, block_kernel
+from eyas.models.gguf_blocks import GGUFBlocks, attached_blocks, block_kernel
 
 _EMPTY = torch.empty(0)
 
@@ -43,7 +43,7 @@ class Projection:
 
     @classmethod
     def of(cls, mod: nn.Module) -> Projection | None:
-        blocks = mod.__dict__.get("_eyas_blocks")
+        blocks = attached_blocks(mod)
         if not isinstance(mod, nn.Linear) or not isinstance(blocks, GGUFBlocks):
             return None
         data, code = blocks.operands(torch.bfloat16)

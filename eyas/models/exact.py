@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eyas.models.cpu import cpu_flags, cpu_name
-from eyas.models.gguf_blocks import F32_ROWS
+from eyas.models.gguf_blocks import F32_ROWS, attached_blocks
 from eyas.models.gguf_blocks import f32_any_rows as _f32_any_rows
 from eyas.models.gguf_tuning import prefill_on_blocks as _bf16_any_rows
 
@@ -114,7 +114,7 @@ def exact_by_default(model: nn.Module) -> bool:
     if getattr(model, "device", torch.device("cpu")).type != "cpu":
         return False
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    if not linears or not all("_eyas_blocks" in m.__dict__ for m in linears):
+    if not linears or not all(attached_blocks(m) is not None for m in linears):
         return False
     from eyas import kernels
 
@@ -156,7 +156,7 @@ def linear(mod: nn.Module, x: torch.Tensor, floors: RowFloor | DecodeFloors | No
     if floors is not None:
         # exact forwards run under inference mode on the model's own dtype and device, so the blocks' presence
         # decides (blocks_of's checks cost ~1 us a call, 121 calls a token)
-        blocks = mod.__dict__.get("_eyas_blocks")
+        blocks = attached_blocks(mod)
         if blocks is not None and not x.requires_grad and not x.is_cuda:
             if (x.dtype == torch.float32 and _f32_any_rows()) or (x.dtype == torch.bfloat16 and _bf16_any_rows()):
                 return blocks.linear(x, mod.bias)  # row-invariant at any count: prefill too, unpadded

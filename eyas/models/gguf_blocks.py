@@ -113,9 +113,21 @@ def block_kernel():
     return _kernel()
 
 
+BLOCKS_ATTR = "_eyas_blocks"  # kept in a module's __dict__: not a parameter, buffer or submodule, so no state dict
+
+
+def attached_blocks(mod: nn.Module) -> GGUFBlocks | Int8Rows | None:
+    """The quantised rows attached to projection ``mod`` (its GGUF blocks, or a draft head's int8 rows), else None."""
+    return mod.__dict__.get(BLOCKS_ATTR)
+
+
+def set_blocks(mod: nn.Module, rows: GGUFBlocks | Int8Rows) -> None:
+    mod.__dict__[BLOCKS_ATTR] = rows
+
+
 def blocks_of(mod: nn.Module, x: torch.Tensor) -> GGUFBlocks | None:
     """``mod``'s blocks where the kernel serves ``x`` (bf16 CPU inference), else None."""
-    blocks = mod.__dict__.get("_eyas_blocks")
+    blocks = attached_blocks(mod)
     if blocks is None or x.dtype != torch.bfloat16 or x.device.type != "cpu":
         return None
     if torch.is_grad_enabled() and x.requires_grad:
@@ -193,7 +205,7 @@ def quantize_head_(head: nn.Module) -> int:
     Returns the number of projections; 0 where the kernel is unavailable, the head is not bf16 or float32 on a CPU,
     or ``EYAS_HEAD_Q8=0``.
     """
-    mods = {name: m for name, m in head.named_modules() if isinstance(m, nn.Linear) and "_eyas_blocks" not in m.__dict__
+    mods = {name: m for name, m in head.named_modules() if isinstance(m, nn.Linear) and attached_blocks(m) is None
             and m.weight.dtype in _KERNELS and m.weight.device.type == "cpu" and m.weight.shape[1] % 32 == 0}
     dtypes = {m.weight.dtype for m in mods.values()}
     dtype = dtypes.pop() if len(dtypes) == 1 else None
@@ -210,12 +222,12 @@ def quantize_head_(head: nn.Module) -> int:
             rows = Int8Rows.quantize(w)
             with torch.no_grad():
                 w.copy_(rows.dequantize())
-            mod.__dict__["_eyas_blocks"] = rows
+            set_blocks(mod, rows)
             continue
         data = quantize_q8_0(w)
         with torch.no_grad():
             w.copy_(kernel.dequantize(data, _SUPPORTED["Q8_0"], w.shape[1]))
-        mod.__dict__["_eyas_blocks"] = GGUFBlocks(data=data, qtype=_SUPPORTED["Q8_0"], k=w.shape[1])
+        set_blocks(mod, GGUFBlocks(data=data, qtype=_SUPPORTED["Q8_0"], k=w.shape[1]))
     return len(mods)
 
 
@@ -234,7 +246,7 @@ def _attach(mod: nn.Module, tensors: list, parts: tuple[str, ...], cfg, kernel) 
     bits = torch.int16 if mod.weight.dtype == torch.bfloat16 else torch.int32  # compare bit patterns, not values
     if not torch.equal(kernel.dequantize(data, qtype, k).view(bits), mod.weight.detach().view(bits)):
         return 0
-    mod.__dict__["_eyas_blocks"] = GGUFBlocks(data=data, qtype=qtype, k=k)
+    set_blocks(mod, GGUFBlocks(data=data, qtype=qtype, k=k))
     return 1
 
 

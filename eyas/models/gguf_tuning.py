@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from eyas.models.gguf_blocks import GGUFBlocks, block_kernel
+from eyas.models.gguf_blocks import GGUFBlocks, attached_blocks, block_kernel
 from eyas.models.machine_cache import best_alternating, cached_json, machine_key
 from eyas.notes import one_time_note
 
@@ -152,7 +152,7 @@ def tune_block_kernel(model: nn.Module, cache_dir: Path | None = None, kernel=No
     block projections.
     """
     kernel = kernel if kernel is not None else block_kernel()
-    blocks = [b for m in model.modules() if isinstance(b := m.__dict__.get("_eyas_blocks"), GGUFBlocks)]
+    blocks = [b for m in model.modules() if isinstance(b := attached_blocks(m), GGUFBlocks)]
     if kernel is None or not blocks:
         return None
     if os.environ.get("EYAS_GGUF_TUNING"):

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from eyas import kernels
-from eyas.models.gguf_blocks import GGUFBlocks
+from eyas.models.gguf_blocks import GGUFBlocks, attached_blocks
 from eyas.models.machine_cache import best_alternating, cached_json, machine_key
 from eyas.notes import one_time_note
 
@@ -84,7 +84,7 @@ def screen_state(proj: nn.Module | None) -> str | None:
 
 
 def _build(proj: nn.Module) -> ArgmaxScreen | None:
-    blocks = proj.__dict__.get("_eyas_blocks")
+    blocks = attached_blocks(proj)
     if blocks is None or blocks.qtype != Q8_0 or getattr(proj, "bias", None) is not None or _kernel() is None:
         return None
     screen = ArgmaxScreen(blocks)

@@ -38,7 +38,7 @@ from torch import nn
 
 from eyas import kernels
 from eyas.models.cpu import cpu_flags, native_bf16
-from eyas.models.gguf_blocks import FAST_ROWS, GGUFBlocks, blocks_of, f32_any_rows
+from eyas.models.gguf_blocks import BLOCKS_ATTR, FAST_ROWS, GGUFBlocks, attached_blocks, blocks_of, f32_any_rows
 
 _lock = threading.Lock()
 _packed_bytes = 0  # all PackedLinear copies made in this process
@@ -92,7 +92,7 @@ class PackedLinear(nn.Linear):
             return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
         kernel = skinny_kernel(self.weight, x)
         if kernel is not None:
-            blocks = self.__dict__.get("_eyas_blocks")
+            blocks = attached_blocks(self)
             if blocks is not None:  # the same sums from the GGUF file's blocks, 5.5x fewer bytes (gguf_f32.cpp)
                 return blocks.linear(x, self.bias)
             out = kernel.linear(x.reshape(-1, x.shape[-1]), self.weight, _EMPTY if self.bias is None else self.bias)
@@ -103,7 +103,7 @@ class PackedLinear(nn.Linear):
         """Copies (deepcopy, pickle) leave the packed weight behind (an opaque tensor): they pack their own."""
         state = dict(super().__getstate__())
         state.pop("_eyas_packed", None)
-        state.pop("_eyas_blocks", None)
+        state.pop(BLOCKS_ATTR, None)
         return state
 
     def _packed(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -144,7 +144,7 @@ def many_rows_blocks(mod: nn.Module, x: torch.Tensor) -> GGUFBlocks | None:
     prefill chunks, ``eyas data``'s batched rows, a draft head's fused taps over a prompt. Exact mode reads the blocks
     at every count (eyas.models.exact.linear). A head's int8 rows stay on the GEMM: measured slower past 16 rows.
     """
-    blocks = mod.__dict__.get("_eyas_blocks")
+    blocks = attached_blocks(mod)
     if not isinstance(blocks, GGUFBlocks) or x.dtype != torch.float32 or x.device.type != "cpu":
         return None
     if (torch.is_grad_enabled() and x.requires_grad) or x.numel() > F32_GEMM_ROWS * x.shape[-1] or not f32_any_rows():
