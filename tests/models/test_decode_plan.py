@@ -9,6 +9,9 @@ from eyas.models import gguf_tuning
 from eyas.models.attention import AttnMeta
 from eyas.models.base import PathAttention
 from eyas.models.decode_plan import DecodePlan
+from eyas.models.gguf_blocks import block_kernel
+
+needs_blocks = pytest.mark.skipif(block_kernel() is None, reason="needs AVX512-BF16 (the bf16 block kernel of a plan)")
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -36,6 +39,7 @@ def generate_recorded(monkeypatch, spec, plan, speculate: bool) -> tuple[list[in
     return result.token_ids, seen, len(served)
 
 
+@needs_blocks
 @pytest.mark.parametrize("speculate", [False, True])
 def test_the_plan_gives_every_forward_the_modules_bits(embedded_bf16, monkeypatch, speculate):
     """Plain decoding and tree verification of the embedded default (bf16 exact mode): the same logits, final hidden
@@ -58,6 +62,7 @@ def test_the_plan_gives_every_forward_the_modules_bits(embedded_bf16, monkeypatc
         assert taps1.keys() == taps2.keys() and all(same_bits(taps1[i], taps2[i]) for i in taps1)
 
 
+@needs_blocks
 def test_the_plan_serves_one_sequence_on_the_path_kernel_only(embedded_bf16, monkeypatch):
     loaded, _ = embedded_bf16
     plan = loaded.model.decode_plan()
@@ -81,6 +86,7 @@ def test_the_plan_serves_one_sequence_on_the_path_kernel_only(embedded_bf16, mon
         assert plan.serves(tokens, AttnMeta(start=0, kv_len=64, paths=paths(3)), exact_prefill=True) == blocks
 
 
+@needs_blocks
 def test_no_plan_without_every_piece_compiled(tiny, embedded_bf16, monkeypatch):
     assert DecodePlan.build(tiny.native("llama")) is None  # float32, no GGUF blocks
     loaded, _ = embedded_bf16
