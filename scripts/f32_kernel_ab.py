@@ -48,8 +48,7 @@ def main() -> None:
         old = build_revision(a.rev, Path(tmp))
         new = kernels.gguf_f32()
         spec = eyas.load(dtype="float32", drafter="none")
-        blocks = [attached_blocks(m) for m in spec.target.model.modules()
-                  if isinstance(attached_blocks(m), GGUFBlocks)]
+        blocks = [b for m in spec.target.model.modules() if isinstance(b := attached_blocks(m), GGUFBlocks)]
         nbytes = sum(b.data.numel() for b in blocks)
         empty = torch.empty(0)
         print(f"{len(blocks)} projections, {nbytes / 1e6:.1f} MB of blocks; {a.rev} against the working tree")

@@ -63,15 +63,15 @@ prepare() {  # here, with the project's venv first on PATH
     g=$(python -c "from eyas.models.loading import embedded_gguf_path as e; print(e())") || return 1
     d=$(python -c "from eyas.models.loading import resolve_model_dir as r; print(r(None))") || return 1
     local packed=.carry/magpie/all.jsonl.xz
-    # a packing newer than every Magpie file is kept (a rerun of prepare after a size miss costs seconds, not minutes)
-    [ -s $packed ] && [ -z "$(find data/selfdistill -name 'smollm2-135m-instruct-magpie-*.jsonl.xz' -newer $packed)" ] \
-        && mv $packed .carry/all.keep
-    rm -rf .carry/magpie .carry/head .carry/p1 .carry/p2 && mkdir -p .carry/tok .carry/head .carry/magpie .whl
+    rm -rf .carry/head .carry/p1 .carry/p2 && mkdir -p .carry/tok .carry/head .carry/magpie .whl
     # every packed Magpie file as one xz stream, in the same order (run reads them as one concatenation): one
-    # dictionary across files (~2-4 min): 13.5 -> 11.8 MB for the files up to cpu18; with cpu21 both calls 66.97 MB
-    if [ -s .carry/all.keep ]; then mv .carry/all.keep $packed
-    else xz -dc data/selfdistill/smollm2-135m-instruct-magpie-*.jsonl.xz | xz -9e -T1 > $packed.tmp && mv $packed.tmp $packed \
-        || return 1; fi
+    # dictionary across files (~2-4 min): 13.5 -> 11.8 MB for the files up to cpu18; with cpu21 both calls 66.97 MB.
+    # A packing newer than every Magpie file is kept (a rerun of prepare after a size miss costs seconds, not minutes)
+    if [ ! -s $packed ] || [ -n "$(find data/selfdistill -name 'smollm2-135m-instruct-magpie-*.jsonl.xz' -newer $packed)" ]
+    then
+        xz -dc data/selfdistill/smollm2-135m-instruct-magpie-*.jsonl.xz | xz -9e -T1 > $packed.tmp \
+            && mv $packed.tmp $packed || return 1
+    fi
     xz -9 -c data/selfdistill/smollm2-135m-instruct-commercial.jsonl > .carry/commercial.jsonl.xz
     # the head's bf16 weights xz'd: 19.7 -> 14.0 MB (their exponent bytes compress), 2.8 MB more room in each call
     cp eyas/heads/smollm2-135m-instruct-eagle3/* .carry/head/ && xz -T0 -6 -f .carry/head/model.safetensors || return 1

@@ -33,8 +33,7 @@ def head_blocks(head: torch.nn.Module) -> list[torch.Tensor]:
         if "_eyas_fused" in mod.__dict__:
             out.append(mod.__dict__["_eyas_fused"].data)
             fused_away.update(id(p) for p in fused_parts(mod))
-    out += [attached_blocks(m).data for m in head.modules()
-            if attached_blocks(m) is not None and id(m) not in fused_away]
+    out += [b.data for m in head.modules() if (b := attached_blocks(m)) is not None and id(m) not in fused_away]
     return out
 
 

@@ -64,7 +64,7 @@ def main() -> None:
     rows = [int(r) for r in a.rows.split(",")]
     spec = eyas.load(dtype="bfloat16", drafter="none")  # applies this machine's tuning to the working tree's build
     new = kernels.gguf_bf16()
-    blocks = [attached_blocks(m) for m in spec.target.model.modules() if attached_blocks(m) is not None]
+    blocks = [b for m in spec.target.model.modules() if (b := attached_blocks(m)) is not None]
     if new is None or not new.available() or not blocks:
         raise SystemExit("needs AVX512-BF16 and the embedded GGUF target's block projections")
     chosen = gguf_tuning.active()
