@@ -4,8 +4,8 @@
 // small model is bound by streaming its weights: SmolLM2-135M reads 540 MB of float32 a token, its GGUF file holds
 // the same weights in 98 MB. This kernel reads the blocks, rebuilds each weight as the float32 value eyas's loader
 // produced from the same file (gguf-py's formula, gguf_quants.h; eyas.models.gguf_blocks checks every row at load),
-// and multiplies it against every input row: with AVX-512 in registers as each block is rebuilt (up to 16 rows; past
-// that, and on AVX2, from an L1 buffer of the group's rebuilt weights). With AVX-512 it takes any number of rows,
+// and multiplies it against every input row in registers as each block is rebuilt (AVX-512 up to 16 rows, AVX2 up to
+// 4; past that from an L1 buffer of the group's rebuilt weights). With AVX-512 it takes any number of rows,
 // so exact mode's prefill reads the blocks too (past 16 rows 8 weight rows at a time, K in L1-sized slices: ~140
 // GMAC/s on the 2-core Ice Lake VM, where MKL's float32 GEMM needs 68-91 ms for SmolLM2's projections at 17-64
 // rows against 19-51 ms here, 1.04x MKL's speed at 128 rows, 0.90x at 256).
@@ -204,15 +204,127 @@ void group(const float* xd, int64_t m, const uint8_t* const* w, int64_t k, int64
   }
 }
 #else
-// m rows of x against the 4 weight rows whose blocks start at w[j] (a short group repeats its last row): dequantised
-// into buf first (L1), then every row in register blocks of up to 2; out[i * 4 + j]
+// AVX2 (16 registers): up to DIRECT2_ROWS input rows, each 8-weight chunk of a block is rebuilt in a register and
+// multiplied at once against every row (at most 8 accumulators a pass, so the chunk, the scales and two widened quant
+// halves fit beside them), so the rebuilt weights never go through memory. Past DIRECT2_ROWS the rebuilt group is
+// kept in an L1 buffer every pass of 2 rows reads. Every accumulator takes k = l, l + 8, ... of one weight row in order either way (f32_dot.h's
+// sums, bit for bit).
+
+// Rows a call takes in registers (Zen 3, 2 cores, the embedded model's 121 projections, both with the prefetch below:
+// 1 / 2 / 3 / 4 rows 1.42 / 1.45 / 1.5 / 1.17x the buffer's speed, 5 the same, 6 and more slower, since every pass
+// of up to 4 rows rebuilds the blocks again).
+constexpr int64_t DIRECT2_ROWS = 4;
+
+// Software prefetch, PREFETCH_GROUPS groups of 4 weight rows ahead of the block being read (a group's rows are
+// contiguous, so this is the same block of a later group). A decode step streams ~96 MB of blocks through 2 cores;
+// without it the hardware prefetcher left a 1-row projection of the embedded model at ~4.5 GB/s of the VM's ~18 GB/s
+// (the 121 projections 14.8 -> 8.1 ms, Zen 3; 1 and 4 groups ahead measured the same as 2).
+constexpr int64_t PREFETCH_GROUPS = 2;
+inline int64_t prefetch_ahead(int64_t bb, int64_t k) { return PREFETCH_GROUPS * 4 * bb * (k / QK); }
+
+// the block's scale d, and Q4_1's minimum m, broadcast to 8 lanes (one VCVTPH2PS for both)
+template <int64_t QT>
+inline void scales8(const uint8_t* blk, __m256& d, __m256& m) {
+  int32_t raw;
+  std::memcpy(&raw, blk, 4);  // d (and m): every block type has at least 18 bytes
+  const __m128 s = _mm_cvtph_ps(_mm_cvtsi32_si128(raw));
+  d = _mm256_broadcastss_ps(s);
+  if constexpr (QT == Q4_1) m = _mm256_broadcastss_ps(_mm_movehdup_ps(s));
+}
+
+// A block's quants for chunk8: Q4 types' bytes 0-7 and 8-15 widened to int32 (low nibbles: chunks 0, 1; high: 2, 3),
+// Q8_0's bytes 0-15 and 16-31 (chunks 0, 1 and 2, 3, widened per chunk)
+template <int64_t QT>
+struct Quants {
+  __m256i lo, hi;  // Q4
+  __m128i a, b;    // Q8_0
+  explicit Quants(const uint8_t* blk) {
+    if constexpr (QT == Q8_0) {
+      a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+      b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
+    } else {
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (QT == Q4_1 ? 4 : 2)));
+      lo = _mm256_cvtepu8_epi32(raw);
+      hi = _mm256_cvtepu8_epi32(_mm_srli_si128(raw, 8));
+    }
+  }
+};
+
+// weights 8c .. 8c + 7 of a block as float32, gguf-py's values: d * q, or d * q + m as one fused multiply-add (d * q is
+// exact in float32, so one rounding of the sum is what multiply-then-add gives)
+template <int64_t QT>
+inline __m256 chunk8(const Quants<QT>& q, int c, __m256 d, __m256 m) {
+  if constexpr (QT == Q8_0) {
+    const __m128i h = c < 2 ? q.a : q.b;
+    return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c & 1 ? _mm_srli_si128(h, 8) : h)));
+  } else {
+    const __m256i b = c & 1 ? q.hi : q.lo;
+    const __m256i v = c < 2 ? _mm256_and_si256(b, _mm256_set1_epi32(0x0F)) : _mm256_srli_epi32(b, 4);
+    if constexpr (QT == Q4_1) return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(v), m);
+    else return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(v, _mm256_set1_epi32(8))));
+  }
+}
+
+// rows x[0 .. MR) (row stride k) against the NJ weight rows whose blocks start at w[j]; out[i * 4 + j]. MR * NJ <= 8
+// accumulators. noinline, as the AVX-512 passes, so the accumulators stay in registers
+template <int MR, int NJ, int64_t QT>
+__attribute__((noinline)) void direct_pass(const float* x, const uint8_t* const* w, int64_t k, float* out) {
+  constexpr int64_t bb = block_bytes(QT);
+  const int64_t ahead = prefetch_ahead(bb, k);
+  __m256 acc[MR][NJ];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NJ; ++j) acc[i][j] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < k / QK; ++b) {
+    const float* xb = x + QK * b;
+    for (int j = 0; j < NJ; ++j) {
+      const uint8_t* blk = w[j] + bb * b;
+      _mm_prefetch(reinterpret_cast<const char*>(blk + ahead), _MM_HINT_T0);  // never faults past the end
+      __m256 d, m = _mm256_setzero_ps();
+      scales8<QT>(blk, d, m);
+      const Quants<QT> q(blk);
+      for (int c = 0; c < 4; ++c) {
+        const __m256 wv = chunk8<QT>(q, c, d, m);
+        for (int i = 0; i < MR; ++i) acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + i * k + 8 * c), wv, acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NJ; ++j) out[i * 4 + j] = reduce8(acc[i][j]);
+}
+
+// m <= DIRECT2_ROWS rows against the group's 4 weight rows: 1-2 rows in one pass over all 4, 3-4 rows in two passes
+// over 2 weight rows each (each block still rebuilt once)
+template <int64_t QT>
+void direct_group(const float* x, int64_t m, const uint8_t* const* w, int64_t k, float* out) {
+  switch (m) {
+    case 4: direct_pass<4, 2, QT>(x, w, k, out); direct_pass<4, 2, QT>(x, w + 2, k, out + 2); break;
+    case 3: direct_pass<3, 2, QT>(x, w, k, out); direct_pass<3, 2, QT>(x, w + 2, k, out + 2); break;
+    case 2: direct_pass<2, 4, QT>(x, w, k, out); break;
+    default: direct_pass<1, 4, QT>(x, w, k, out); break;
+  }
+}
+
+// m rows of x against the 4 weight rows whose blocks start at w[j] (a short group repeats its last row): out[i * 4 + j].
+// Up to DIRECT2_ROWS rows in registers; past it dequantised into buf first (L1), then every row in register blocks
+// of up to 2
 void group(const float* xd, int64_t m, const uint8_t* const* w, int64_t k, int64_t bb, int64_t qtype,
            std::vector<float>& buf, float* out) {
+  if (m <= DIRECT2_ROWS) {
+    switch (qtype) {
+      case Q8_0: direct_group<Q8_0>(xd, m, w, k, out); return;
+      case Q4_1: direct_group<Q4_1>(xd, m, w, k, out); return;
+      default: direct_group<Q4_0>(xd, m, w, k, out); return;
+    }
+  }
   buf.resize(static_cast<size_t>(4 * k));
   const float* ws[4];
   for (int j = 0; j < 4; ++j) {
     float* dst = buf.data() + j * k;
-    for (int64_t b = 0; b < k / QK; ++b) dequant_block(w[j] + bb * b, qtype, dst + QK * b);
+    const int64_t ahead = prefetch_ahead(bb, k);
+    for (int64_t b = 0; b < k / QK; ++b) {
+      _mm_prefetch(reinterpret_cast<const char*>(w[j] + bb * b + ahead), _MM_HINT_T0);
+      dequant_block(w[j] + bb * b, qtype, dst + QK * b);
+    }
     ws[j] = dst;
   }
   const float* xs[2];
