@@ -5,7 +5,7 @@
 // the same weights in 98 MB. This kernel reads the blocks, rebuilds each weight as the float32 value eyas's loader
 // produced from the same file (gguf-py's formula, gguf_quants.h; eyas.models.gguf_blocks checks every row at load),
 // and multiplies it against every input row in registers as each block is rebuilt (AVX-512 up to 16 rows, AVX2 up to
-// 4; past that from an L1 buffer of the group's rebuilt weights). With AVX-512 it takes any number of rows,
+// 8; past that from an L1 buffer of the group's rebuilt weights). With AVX-512 it takes any number of rows,
 // so exact mode's prefill reads the blocks too (past 16 rows 8 weight rows at a time, K in L1-sized slices: ~140
 // GMAC/s on the 2-core Ice Lake VM, where MKL's float32 GEMM needs 68-91 ms for SmolLM2's projections at 17-64
 // rows against 19-51 ms here, 1.04x MKL's speed at 128 rows, 0.90x at 256).
@@ -211,9 +211,9 @@ void group(const float* xd, int64_t m, const uint8_t* const* w, int64_t k, int64
 // sums, bit for bit).
 
 // Rows a call takes in registers (Zen 3, 2 cores, the embedded model's 121 projections, both with the prefetch below:
-// 1 / 2 / 3 / 4 rows 1.42 / 1.45 / 1.5 / 1.17x the buffer's speed, 5 the same, 6 and more slower, since every pass
-// of up to 4 rows rebuilds the blocks again).
-constexpr int64_t DIRECT2_ROWS = 4;
+// 1 / 2 / 3 / 4 rows 1.42 / 1.45 / 1.5 / 1.17x the buffer's speed; 5-8 rows, one weight row a pass, 1.22-1.31x; past
+// 8 rows, passes of 8 rebuilding the blocks again, 0.8-1.0x).
+constexpr int64_t DIRECT2_ROWS = 8;
 
 // Software prefetch, PREFETCH_GROUPS groups of 4 weight rows ahead of the block being read (a group's rows are
 // contiguous, so this is the same block of a later group). A decode step streams ~96 MB of blocks through 2 cores;
@@ -292,11 +292,20 @@ __attribute__((noinline)) void direct_pass(const float* x, const uint8_t* const*
     for (int j = 0; j < NJ; ++j) out[i * 4 + j] = reduce8(acc[i][j]);
 }
 
-// m <= DIRECT2_ROWS rows against the group's 4 weight rows: 1-2 rows in one pass over all 4, 3-4 rows in two passes
-// over 2 weight rows each (each block still rebuilt once)
+// m <= DIRECT2_ROWS rows against the group's 4 weight rows, each block rebuilt once: 1-2 rows in one pass over all 4
+// weight rows, 3-4 rows in two passes over 2, 5-8 rows in four passes over 1 (up to 8 accumulators a pass)
+template <int MR, int64_t QT>
+void one_row_passes(const float* x, const uint8_t* const* w, int64_t k, float* out) {
+  for (int j = 0; j < 4; ++j) direct_pass<MR, 1, QT>(x, w + j, k, out + j);
+}
+
 template <int64_t QT>
 void direct_group(const float* x, int64_t m, const uint8_t* const* w, int64_t k, float* out) {
   switch (m) {
+    case 8: one_row_passes<8, QT>(x, w, k, out); break;
+    case 7: one_row_passes<7, QT>(x, w, k, out); break;
+    case 6: one_row_passes<6, QT>(x, w, k, out); break;
+    case 5: one_row_passes<5, QT>(x, w, k, out); break;
     case 4: direct_pass<4, 2, QT>(x, w, k, out); direct_pass<4, 2, QT>(x, w + 2, k, out + 2); break;
     case 3: direct_pass<3, 2, QT>(x, w, k, out); direct_pass<3, 2, QT>(x, w + 2, k, out + 2); break;
     case 2: direct_pass<2, 4, QT>(x, w, k, out); break;

@@ -63,7 +63,7 @@ def test_linear_is_the_streaming_kernel_on_the_dense_weight_bit_for_bit(qtype, n
     torch.set_num_threads(threads)
     try:
         # every pass shape (AVX-512: 1-8 rows rebuilt in registers, passes of 8 to 16, past that passes of 1-6 rows
-        # against 8 weight rows buffered, K in slices; AVX2: 1-4 rows in registers, past that the buffer of 4 weight
+        # against 8 weight rows buffered, K in slices; AVX2: 1-8 rows in registers, past that the buffer of 4 weight
         # rows) and row invariance across them
         for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17, 18, 19, 21, 23, 24, 32, 33, 47, MANY_ROWS):
             if m > KERNEL.max_rows():
