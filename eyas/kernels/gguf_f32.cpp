@@ -309,7 +309,8 @@ void direct_group(const float* x, int64_t m, const uint8_t* const* w, int64_t k,
     case 4: direct_pass<4, 2, QT>(x, w, k, out); direct_pass<4, 2, QT>(x, w + 2, k, out + 2); break;
     case 3: direct_pass<3, 2, QT>(x, w, k, out); direct_pass<3, 2, QT>(x, w + 2, k, out + 2); break;
     case 2: direct_pass<2, 4, QT>(x, w, k, out); break;
-    default: direct_pass<1, 4, QT>(x, w, k, out); break;
+    case 1: direct_pass<1, 4, QT>(x, w, k, out); break;
+    default: break;  // no rows (an empty batch): nothing to read
   }
 }
 

@@ -97,6 +97,16 @@ def test_extreme_fp16_scales_rebuild_as_gguf_py_does(qtype):
         assert torch.equal(got.view(torch.int32), want.view(torch.int32)), m
 
 
+@pytest.mark.parametrize("qtype", TYPES)
+def test_no_rows_give_an_empty_output(qtype):
+    """An empty batch (training's features over a batch of no positions) reads nothing: 3211a14's AVX2 register path
+    ran its one-row pass on zero rows and read past the empty input (a segfault in tests/train/test_grow_vocab.py)."""
+    raw, _ = blocks_and_weight(qtype, 37, 576, seed=3)
+    for bias in (NONE, torch.randn(37)):
+        out = KERNEL.linear(torch.randn(0, 576), raw, TYPES[qtype], bias)
+        assert out.shape == (0, 37) and out.dtype == torch.float32
+
+
 def test_bad_input_is_named():
     raw, _ = blocks_and_weight("Q8_0", 8, 64)
     with pytest.raises(RuntimeError, match="float32"):
