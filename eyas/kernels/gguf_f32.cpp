@@ -40,51 +40,65 @@ constexpr int64_t NB = 4;         // weight rows per group: each block rebuilt o
 constexpr int64_t MAX_ROWS = 32;  // without AVX-512 (skinny_gemm.cpp's): past that the dense GEMM serves
 
 #ifdef EYAS_GGUF_F32
-inline __m256 half8(const uint8_t* p) {  // one fp16 broadcast to 8 lanes (hardware conversion)
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _mm256_set1_ps(_cvtsh_ss(h));
+// the block's scale d, and Q4_1's minimum m, broadcast to 8 lanes (one VCVTPH2PS for both)
+template <int64_t QT>
+inline void scales8(const uint8_t* blk, __m256& d, __m256& m) {
+  int32_t raw;
+  std::memcpy(&raw, blk, 4);  // d (and m): every block type has at least 18 bytes
+  const __m128 s = _mm_cvtph_ps(_mm_cvtsi32_si128(raw));
+  d = _mm256_broadcastss_ps(s);
+  if constexpr (QT == Q4_1) m = _mm256_broadcastss_ps(_mm_movehdup_ps(s));
 }
 
-// 8 weights from 8 small integers (int8 lanes of q, low 8 bytes): d * q, or d * q + m (multiply, then add)
-template <bool SIGNED, bool MIN>
-inline __m256 scale8(__m128i q, __m256 d, __m256 m) {
-  const __m256i qi = SIGNED ? _mm256_cvtepi8_epi32(q) : _mm256_cvtepu8_epi32(q);
-  const __m256 w = _mm256_mul_ps(d, _mm256_cvtepi32_ps(qi));
-  return MIN ? _mm256_add_ps(w, m) : w;
+// A block's quants for chunk8: Q4 types' bytes 0-7 and 8-15 widened to int32 (low nibbles: chunks 0, 1; high: 2, 3),
+// Q8_0's bytes 0-15 and 16-31 (chunks 0, 1 and 2, 3, widened per chunk)
+template <int64_t QT>
+struct Quants {
+  __m256i lo, hi;  // Q4
+  __m128i a, b;    // Q8_0
+  explicit Quants(const uint8_t* blk) {
+    if constexpr (QT == Q8_0) {
+      a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+      b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
+    } else {
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (QT == Q4_1 ? 4 : 2)));
+      lo = _mm256_cvtepu8_epi32(raw);
+      hi = _mm256_cvtepu8_epi32(_mm_srli_si128(raw, 8));
+    }
+  }
+};
+
+// weights 8c .. 8c + 7 of a block as float32, gguf-py's values: d * q, or d * q + m as one fused multiply-add (d * q is
+// exact in float32, so one rounding of the sum is what multiply-then-add gives)
+template <int64_t QT>
+inline __m256 chunk8(const Quants<QT>& q, int c, __m256 d, __m256 m) {
+  if constexpr (QT == Q8_0) {
+    const __m128i h = c < 2 ? q.a : q.b;
+    return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c & 1 ? _mm_srli_si128(h, 8) : h)));
+  } else {
+    const __m256i b = c & 1 ? q.hi : q.lo;
+    const __m256i v = c < 2 ? _mm256_and_si256(b, _mm256_set1_epi32(0x0F)) : _mm256_srli_epi32(b, 4);
+    if constexpr (QT == Q4_1) return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(v), m);
+    else return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(v, _mm256_set1_epi32(8))));
+  }
 }
 
-// one block -> 32 float32 weights at out, gguf-py's values (gguf_quants.h: dequant_block_f32)
+// one block -> 32 float32 weights at out, gguf-py's values (gguf_quants.h: dequant_block_f32): the register path's
+// own rebuild, stored; so the load's check of dequantize() checks the weights every AVX2 path multiplies with
+template <int64_t QT>
+inline void dequant_block_of(const uint8_t* blk, float* out) {
+  __m256 d, m = _mm256_setzero_ps();
+  scales8<QT>(blk, d, m);
+  const Quants<QT> q(blk);
+  for (int c = 0; c < 4; ++c) _mm256_storeu_ps(out + 8 * c, chunk8<QT>(q, c, d, m));
+}
+
 inline void dequant_block(const uint8_t* blk, int64_t qtype, float* out) {
-  const __m256 d = half8(blk);
-  if (qtype == Q8_0) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
-    _mm256_storeu_ps(out, scale8<true, false>(a, d, d));
-    _mm256_storeu_ps(out + 8, scale8<true, false>(_mm_srli_si128(a, 8), d, d));
-    _mm256_storeu_ps(out + 16, scale8<true, false>(b, d, d));
-    _mm256_storeu_ps(out + 24, scale8<true, false>(_mm_srli_si128(b, 8), d, d));
-    return;
+  switch (qtype) {
+    case Q8_0: dequant_block_of<Q8_0>(blk, out); return;
+    case Q4_1: dequant_block_of<Q4_1>(blk, out); return;
+    default: dequant_block_of<Q4_0>(blk, out); return;
   }
-  const bool q41 = qtype == Q4_1;
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (q41 ? 4 : 2)));
-  const __m128i nib = _mm_set1_epi8(0x0F);
-  __m128i lo = _mm_and_si128(raw, nib), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), nib);
-  if (q41) {
-    const __m256 m = half8(blk + 2);
-    _mm256_storeu_ps(out, scale8<false, true>(lo, d, m));
-    _mm256_storeu_ps(out + 8, scale8<false, true>(_mm_srli_si128(lo, 8), d, m));
-    _mm256_storeu_ps(out + 16, scale8<false, true>(hi, d, m));
-    _mm256_storeu_ps(out + 24, scale8<false, true>(_mm_srli_si128(hi, 8), d, m));
-    return;
-  }
-  const __m128i eight = _mm_set1_epi8(8);  // Q4_0: q - 8 as int8, then d * (q - 8)
-  lo = _mm_sub_epi8(lo, eight);
-  hi = _mm_sub_epi8(hi, eight);
-  _mm256_storeu_ps(out, scale8<true, false>(lo, d, d));
-  _mm256_storeu_ps(out + 8, scale8<true, false>(_mm_srli_si128(lo, 8), d, d));
-  _mm256_storeu_ps(out + 16, scale8<true, false>(hi, d, d));
-  _mm256_storeu_ps(out + 24, scale8<true, false>(_mm_srli_si128(hi, 8), d, d));
 }
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
@@ -207,8 +221,8 @@ void group(const float* xd, int64_t m, const uint8_t* const* w, int64_t k, int64
 // AVX2 (16 registers): up to DIRECT2_ROWS input rows, each 8-weight chunk of a block is rebuilt in a register and
 // multiplied at once against every row (at most 8 accumulators a pass, so the chunk, the scales and two widened quant
 // halves fit beside them), so the rebuilt weights never go through memory. Past DIRECT2_ROWS the rebuilt group is
-// kept in an L1 buffer every pass of 2 rows reads. Every accumulator takes k = l, l + 8, ... of one weight row in order either way (f32_dot.h's
-// sums, bit for bit).
+// kept in an L1 buffer every pass of 2 rows reads. Every accumulator takes k = l, l + 8, ... of one weight row in
+// order either way (f32_dot.h's sums, bit for bit). The rebuild (scales8, Quants, chunk8) is dequant_block's.
 
 // Rows a call takes in registers (Zen 3, 2 cores, the embedded model's 121 projections, both with the prefetch below:
 // 1 / 2 / 3 / 4 rows 1.42 / 1.45 / 1.5 / 1.17x the buffer's speed; 5-8 rows, one weight row a pass, 1.22-1.31x; past
@@ -221,49 +235,6 @@ constexpr int64_t DIRECT2_ROWS = 8;
 // (the 121 projections 14.8 -> 8.1 ms, Zen 3; 1 and 4 groups ahead measured the same as 2).
 constexpr int64_t PREFETCH_GROUPS = 2;
 inline int64_t prefetch_ahead(int64_t bb, int64_t k) { return PREFETCH_GROUPS * 4 * bb * (k / QK); }
-
-// the block's scale d, and Q4_1's minimum m, broadcast to 8 lanes (one VCVTPH2PS for both)
-template <int64_t QT>
-inline void scales8(const uint8_t* blk, __m256& d, __m256& m) {
-  int32_t raw;
-  std::memcpy(&raw, blk, 4);  // d (and m): every block type has at least 18 bytes
-  const __m128 s = _mm_cvtph_ps(_mm_cvtsi32_si128(raw));
-  d = _mm256_broadcastss_ps(s);
-  if constexpr (QT == Q4_1) m = _mm256_broadcastss_ps(_mm_movehdup_ps(s));
-}
-
-// A block's quants for chunk8: Q4 types' bytes 0-7 and 8-15 widened to int32 (low nibbles: chunks 0, 1; high: 2, 3),
-// Q8_0's bytes 0-15 and 16-31 (chunks 0, 1 and 2, 3, widened per chunk)
-template <int64_t QT>
-struct Quants {
-  __m256i lo, hi;  // Q4
-  __m128i a, b;    // Q8_0
-  explicit Quants(const uint8_t* blk) {
-    if constexpr (QT == Q8_0) {
-      a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-      b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
-    } else {
-      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (QT == Q4_1 ? 4 : 2)));
-      lo = _mm256_cvtepu8_epi32(raw);
-      hi = _mm256_cvtepu8_epi32(_mm_srli_si128(raw, 8));
-    }
-  }
-};
-
-// weights 8c .. 8c + 7 of a block as float32, gguf-py's values: d * q, or d * q + m as one fused multiply-add (d * q is
-// exact in float32, so one rounding of the sum is what multiply-then-add gives)
-template <int64_t QT>
-inline __m256 chunk8(const Quants<QT>& q, int c, __m256 d, __m256 m) {
-  if constexpr (QT == Q8_0) {
-    const __m128i h = c < 2 ? q.a : q.b;
-    return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c & 1 ? _mm_srli_si128(h, 8) : h)));
-  } else {
-    const __m256i b = c & 1 ? q.hi : q.lo;
-    const __m256i v = c < 2 ? _mm256_and_si256(b, _mm256_set1_epi32(0x0F)) : _mm256_srli_epi32(b, 4);
-    if constexpr (QT == Q4_1) return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(v), m);
-    else return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(v, _mm256_set1_epi32(8))));
-  }
-}
 
 // rows x[0 .. MR) (row stride k) against the NJ weight rows whose blocks start at w[j]; out[i * 4 + j]. MR * NJ <= 8
 // accumulators. noinline, as the AVX-512 passes, so the accumulators stay in registers
@@ -292,13 +263,13 @@ __attribute__((noinline)) void direct_pass(const float* x, const uint8_t* const*
     for (int j = 0; j < NJ; ++j) out[i * 4 + j] = reduce8(acc[i][j]);
 }
 
-// m <= DIRECT2_ROWS rows against the group's 4 weight rows, each block rebuilt once: 1-2 rows in one pass over all 4
-// weight rows, 3-4 rows in two passes over 2, 5-8 rows in four passes over 1 (up to 8 accumulators a pass)
 template <int MR, int64_t QT>
-void one_row_passes(const float* x, const uint8_t* const* w, int64_t k, float* out) {
+void one_row_passes(const float* x, const uint8_t* const* w, int64_t k, float* out) {  // a pass per weight row
   for (int j = 0; j < 4; ++j) direct_pass<MR, 1, QT>(x, w + j, k, out + j);
 }
 
+// m <= DIRECT2_ROWS rows against the group's 4 weight rows, each block rebuilt once: 1-2 rows in one pass over all 4
+// weight rows, 3-4 rows in two passes over 2, 5-8 rows in four passes over 1 (up to 8 accumulators a pass)
 template <int64_t QT>
 void direct_group(const float* x, int64_t m, const uint8_t* const* w, int64_t k, float* out) {
   switch (m) {
@@ -328,9 +299,9 @@ void group(const float* xd, int64_t m, const uint8_t* const* w, int64_t k, int64
   }
   buf.resize(static_cast<size_t>(4 * k));
   const float* ws[4];
+  const int64_t ahead = prefetch_ahead(bb, k);
   for (int j = 0; j < 4; ++j) {
     float* dst = buf.data() + j * k;
-    const int64_t ahead = prefetch_ahead(bb, k);
     for (int64_t b = 0; b < k / QK; ++b) {
       _mm_prefetch(reinterpret_cast<const char*>(w[j] + bb * b + ahead), _MM_HINT_T0);
       dequant_block(w[j] + bb * b, qtype, dst + QK * b);
