@@ -50,33 +50,19 @@ inline void scales8(const uint8_t* blk, __m256& d, __m256& m) {
   if constexpr (QT == Q4_1) m = _mm256_broadcastss_ps(_mm_movehdup_ps(s));
 }
 
-// A block's quants for chunk8: Q4 types' bytes 0-7 and 8-15 widened to int32 (low nibbles: chunks 0, 1; high: 2, 3),
-// Q8_0's bytes 0-15 and 16-31 (chunks 0, 1 and 2, 3, widened per chunk)
-template <int64_t QT>
-struct Quants {
-  __m256i lo, hi;  // Q4
-  __m128i a, b;    // Q8_0
-  explicit Quants(const uint8_t* blk) {
-    if constexpr (QT == Q8_0) {
-      a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-      b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
-    } else {
-      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (QT == Q4_1 ? 4 : 2)));
-      lo = _mm256_cvtepu8_epi32(raw);
-      hi = _mm256_cvtepu8_epi32(_mm_srli_si128(raw, 8));
-    }
-  }
-};
-
 // weights 8c .. 8c + 7 of a block as float32, gguf-py's values: d * q, or d * q + m as one fused multiply-add (d * q is
-// exact in float32, so one rounding of the sum is what multiply-then-add gives)
+// exact in float32, so one rounding of the sum is what multiply-then-add gives). The chunk's quants are read from the
+// block by one widening load (Q4 types: bytes 0-7 hold chunks 0 and 2, bytes 8-15 chunks 1 and 3, low nibble then
+// high), not widened once a block and held in two registers: on Zen 3 the passes ran 1.04-1.15x faster so (the
+// registers freed serve the accumulators; scripts/f32_kernel_ab.py)
 template <int64_t QT>
-inline __m256 chunk8(const Quants<QT>& q, int c, __m256 d, __m256 m) {
+inline __m256 chunk8(const uint8_t* blk, int c, __m256 d, __m256 m) {
   if constexpr (QT == Q8_0) {
-    const __m128i h = c < 2 ? q.a : q.b;
-    return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c & 1 ? _mm_srli_si128(h, 8) : h)));
+    const __m128i h = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * c));
+    return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h)));
   } else {
-    const __m256i b = c & 1 ? q.hi : q.lo;
+    const __m128i h = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + (QT == Q4_1 ? 4 : 2) + 8 * (c & 1)));
+    const __m256i b = _mm256_cvtepu8_epi32(h);
     const __m256i v = c < 2 ? _mm256_and_si256(b, _mm256_set1_epi32(0x0F)) : _mm256_srli_epi32(b, 4);
     if constexpr (QT == Q4_1) return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(v), m);
     else return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(v, _mm256_set1_epi32(8))));
@@ -89,8 +75,7 @@ template <int64_t QT>
 inline void dequant_block_of(const uint8_t* blk, float* out) {
   __m256 d, m = _mm256_setzero_ps();
   scales8<QT>(blk, d, m);
-  const Quants<QT> q(blk);
-  for (int c = 0; c < 4; ++c) _mm256_storeu_ps(out + 8 * c, chunk8<QT>(q, c, d, m));
+  for (int c = 0; c < 4; ++c) _mm256_storeu_ps(out + 8 * c, chunk8<QT>(blk, c, d, m));
 }
 
 inline void dequant_block(const uint8_t* blk, int64_t qtype, float* out) {
@@ -222,7 +207,7 @@ void group(const float* xd, int64_t m, const uint8_t* const* w, int64_t k, int64
 // multiplied at once against every row (at most 8 accumulators a pass, so the chunk, the scales and two widened quant
 // halves fit beside them), so the rebuilt weights never go through memory. Past DIRECT2_ROWS the rebuilt group is
 // kept in an L1 buffer every pass of 2 rows reads. Every accumulator takes k = l, l + 8, ... of one weight row in
-// order either way (f32_dot.h's sums, bit for bit). The rebuild (scales8, Quants, chunk8) is dequant_block's.
+// order either way (f32_dot.h's sums, bit for bit). The rebuild (scales8, chunk8) is dequant_block's.
 
 // Rows a call takes in registers (Zen 3, 2 cores, the embedded model's 121 projections, both with the prefetch below:
 // 1 / 2 / 3 / 4 rows 1.42 / 1.45 / 1.5 / 1.17x the buffer's speed; 5-8 rows, one weight row a pass, 1.22-1.31x; past
@@ -252,9 +237,8 @@ __attribute__((noinline)) void direct_pass(const float* x, const uint8_t* const*
       _mm_prefetch(reinterpret_cast<const char*>(blk + ahead), _MM_HINT_T0);  // never faults past the end
       __m256 d, m = _mm256_setzero_ps();
       scales8<QT>(blk, d, m);
-      const Quants<QT> q(blk);
       for (int c = 0; c < 4; ++c) {
-        const __m256 wv = chunk8<QT>(q, c, d, m);
+        const __m256 wv = chunk8<QT>(blk, c, d, m);
         for (int i = 0; i < MR; ++i) acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + i * k + 8 * c), wv, acc[i][j]);
       }
     }
