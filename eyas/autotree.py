@@ -203,6 +203,10 @@ def tree_cost_key(target: LoadedTarget, head_dir: Path, exact: bool, hybrid: boo
     model = target.model
     # the HF backend's costs apart from the native model's (a key the native one never has: its tables stay valid)
     backend = {} if isinstance(model, torch.nn.Module) else {"backend": type(model).__name__}
+    # a float32 model's forwards through its decode plan (eyas.models.decode_plan) cost less at every width; bf16
+    # models had their plan before the key named it (their tables stay valid)
+    plan = model.dtype == torch.float32 and getattr(model, "decode_plan", lambda: None)() is not None
+    backend = {**backend, "f32_decode_plan": True} if plan else backend
     return machine_key(
         target=target.name, dtype=str(model.dtype), device=str(model.device), exact=exact, head=head_dir.name,
         widths=list(WIDTHS), hybrid=hybrid, draft_fit="paired-6x24-nnls5", step_fit="paired-3x12-monotone",

@@ -1,4 +1,4 @@
-"""Exact-mode bf16 forwards of one sequence on the compiled kernels, layer by layer without the module tree.
+"""Exact-mode forwards of one sequence on the compiled kernels, layer by layer without the module tree.
 
 A plain decoding step of SmolLM2 makes ~240 kernel calls (121 block projections, 60 norms, 30 RoPE/cache writes, 30
 path attentions). Through the modules (``nn.Module`` calls and attribute lookups, ``eyas.models.exact.linear``'s
@@ -7,7 +7,10 @@ routing, each projection's operand lookup, ``fused_path_attend``'s checks) the P
 kernel (each projection GGUF blocks on the bf16 block kernel, the layer-ops RoPE and cache write, the path kernel,
 the norm kernel), ``DecodePlan.run`` makes the same calls in the same order on the same tensors from references
 gathered once: the same bits as the modules' path (tests/models/test_decode_plan.py), so plain decoding and
-verification may take either. ``EYAS_DECODE_PLAN=0`` turns it off.
+verification may take either. A float32 model (a CPU without AVX512-BF16) plans the same calls on the float32 block
+kernel, for the forwards ``eyas.models.exact.linear`` sends to it (decode and verify forwards of at most
+``F32_ROWS`` rows; any forward where its AVX-512 build takes any number of rows). ``EYAS_DECODE_PLAN=0`` turns it
+off.
 
     plan = DecodePlan.build(model)               # None where some piece is not a compiled kernel
     if plan is not None and plan.serves(tokens, attn, exact_prefill):
@@ -28,7 +31,7 @@ from eyas.kv.static import KVCache
 from eyas.models import gguf_tuning
 from eyas.models.attention import AttnMeta
 from eyas.models.base import PathAttention
-from eyas.models.gguf_blocks import GGUFBlocks, attached_blocks, block_kernel
+from eyas.models.gguf_blocks import F32_ROWS, GGUFBlocks, attached_blocks, block_kernel_for, f32_any_rows
 
 _EMPTY = torch.empty(0)
 
@@ -42,11 +45,11 @@ class Projection:
     bias: torch.Tensor
 
     @classmethod
-    def of(cls, mod: nn.Module) -> Projection | None:
+    def of(cls, mod: nn.Module, dtype: torch.dtype) -> Projection | None:
         blocks = attached_blocks(mod)
         if not isinstance(mod, nn.Linear) or not isinstance(blocks, GGUFBlocks):
             return None
-        data, code = blocks.operands(torch.bfloat16)
+        data, code = blocks.operands(dtype)
         return cls(data, code, _EMPTY if mod.bias is None else mod.bias)
 
 
@@ -72,43 +75,48 @@ class DecodePlan:
     blocks: object  # the compiled modules, their functions looked up at each call (tests spy on them)
     norm: object
     ops: object
+    dtype: torch.dtype  # the model's: bf16 (the bf16 block kernel) or float32 (the float32 one)
 
     @classmethod
     def build(cls, model: nn.Module) -> DecodePlan | None:
-        """``model``'s plan (a NativeLlama), or None where a piece is missing: a bf16 CPU model whose every layer
-        has GGUF-block projections and no q/k norms, with the block, norm and layer-ops kernels built.
+        """``model``'s plan (a NativeLlama), or None where a piece is missing: a bf16 or float32 CPU model whose
+        every layer has GGUF-block projections and no q/k norms, with the block, norm and layer-ops kernels built.
         """
-        if os.environ.get("EYAS_DECODE_PLAN", "1") == "0" or model.dtype != torch.bfloat16:
+        if os.environ.get("EYAS_DECODE_PLAN", "1") == "0" or model.dtype not in (torch.bfloat16, torch.float32):
             return None
-        kernel, norm, ops = block_kernel(), kernels.rms_norm(), kernels.LAYER_OPS()
+        kernel, norm, ops = block_kernel_for(model.dtype), kernels.rms_norm(), kernels.LAYER_OPS()
         if kernel is None or norm is None or ops is None or model.device.type != "cpu":
             return None
         layers = []
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            projs = [Projection.of(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+            projs = [Projection.of(m, model.dtype) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
+                                                              mlp.down_proj)]
             n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
             if attn.q_norm is not None or any(p is None for p in projs) or n1.eps != n2.eps:
                 return None
             layers.append(LayerPlan(n1.weight, n2.weight, n1.eps, *projs))
         c = model.config
-        return cls(tuple(layers), c.num_heads, c.num_kv_heads, c.head_dim, kernel, norm, ops)
+        return cls(tuple(layers), c.num_heads, c.num_kv_heads, c.head_dim, kernel, norm, ops, model.dtype)
 
     def serves(self, tokens: torch.Tensor, attn: AttnMeta, exact_prefill: bool) -> bool:
         """Whether a forward of ``tokens`` [B, T] under ``attn`` runs as the modules would run it on these kernels:
-        one sequence through the path kernel, every projection on the blocks (a decode / verify forward, or an exact
-        prefill where bf16 prefill reads the blocks: ``eyas.models.exact.linear``'s routing).
+        one sequence through the path kernel, every projection on the blocks (``eyas.models.exact.linear``'s
+        routing: bf16 decode / verify forwards, and exact prefill where bf16 prefill reads the blocks; float32 ones of
+        at most ``F32_ROWS`` rows that are not exact prefill, any forward where the float32 kernel takes any rows).
         """
         paths = attn.paths
         if paths is None or len(paths) != 1 or paths[0].kernel is None or tokens.shape[0] != 1:
             return False
         if tokens.shape[1] != paths[0].order.shape[0] or tokens.device.type != "cpu":
             return False
+        if self.dtype == torch.float32:
+            return f32_any_rows() or (not exact_prefill and tokens.shape[1] <= F32_ROWS)
         return not exact_prefill or gguf_tuning.prefill_on_blocks()
 
     def run(self, x: torch.Tensor, rope, cache: KVCache, pa: PathAttention, taps) -> tuple[torch.Tensor, dict]:
-        """x: [1, N, D] bf16 embeddings -> ([1, N, D] the last layer's output, {layer: [1, N, D] its input} for
-        ``taps``), writing every layer's keys and values into ``cache`` at ``pa``'s slots.
+        """x: [1, N, D] embeddings (the model's dtype) -> ([1, N, D] the last layer's output, {layer: [1, N, D] its
+        input} for ``taps``), writing every layer's keys and values into ``cache`` at ``pa``'s slots.
         """
         n, h, hk, dh = x.shape[1], self.heads, self.kv_heads, self.head_dim
         lin, norm, rope_cache = self.blocks.linear, self.norm.rms_norm, self.ops.rope_cache

@@ -109,8 +109,13 @@ def f32_any_rows() -> bool:
 
 
 def block_kernel():
-    """The compiled kernel module, or None where it is off, unavailable or cannot be built."""
+    """The compiled bf16 kernel module, or None where it is off, unavailable or cannot be built."""
     return _kernel()
+
+
+def block_kernel_for(dtype: torch.dtype):
+    """The compiled block kernel for activations of ``dtype`` (bf16 or float32), or None as ``block_kernel``."""
+    return _KERNELS[dtype]() if dtype in _KERNELS else None
 
 
 BLOCKS_ATTR = "_eyas_blocks"  # kept in a module's __dict__: not a parameter, buffer or submodule, so no state dict

@@ -9,9 +9,11 @@ from eyas.models import gguf_tuning
 from eyas.models.attention import AttnMeta
 from eyas.models.base import PathAttention
 from eyas.models.decode_plan import DecodePlan
-from eyas.models.gguf_blocks import block_kernel
+from eyas.models.gguf_blocks import F32_ROWS, block_kernel, block_kernel_for
 
 needs_blocks = pytest.mark.skipif(block_kernel() is None, reason="needs AVX512-BF16 (the bf16 block kernel of a plan)")
+needs_f32_blocks = pytest.mark.skipif(block_kernel_for(torch.float32) is None,
+                                      reason="needs AVX2, FMA and F16C (the float32 block kernel of a plan)")
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -39,15 +41,26 @@ def generate_recorded(monkeypatch, spec, plan, speculate: bool) -> tuple[list[in
     return result.token_ids, seen, len(served)
 
 
-@needs_blocks
+@pytest.fixture(params=["bfloat16", "float32"])
+def embedded_exact(request, embedded_bf16, default_target):
+    """The embedded default in exact mode, in each dtype whose block kernel this CPU builds."""
+    if request.param == "bfloat16":
+        if block_kernel() is None:
+            pytest.skip("needs AVX512-BF16 (the bf16 block kernel of a plan)")
+        return embedded_bf16[0]
+    if block_kernel_for(torch.float32) is None:
+        pytest.skip("needs AVX2, FMA and F16C (the float32 block kernel of a plan)")
+    return default_target
+
+
 @pytest.mark.parametrize("speculate", [False, True])
-def test_the_plan_gives_every_forward_the_modules_bits(embedded_bf16, monkeypatch, speculate):
-    """Plain decoding and tree verification of the embedded default (bf16 exact mode): the same logits, final hidden
-    states and EAGLE-3 taps in every forward, prefill included, with the plan as through the modules."""
+def test_the_plan_gives_every_forward_the_modules_bits(embedded_exact, monkeypatch, speculate):
+    """Plain decoding and tree verification of the embedded default (exact mode, bf16 and float32): the same logits,
+    final hidden states and EAGLE-3 taps in every forward, prefill included, with the plan as through the modules."""
     from eyas.api import Speculator
     from eyas.drafters.loading import DrafterSpec
 
-    loaded, _ = embedded_bf16
+    loaded = embedded_exact
     spec = Speculator(loaded, DrafterSpec("default", tree="dynamic:4,3,8"))
     plan = loaded.model.decode_plan()
     assert spec.exact and plan is not None
@@ -96,3 +109,24 @@ def test_no_plan_without_every_piece_compiled(tiny, embedded_bf16, monkeypatch):
     layer = loaded.model.model.layers[3].mlp.down_proj
     monkeypatch.delitem(layer.__dict__, "_eyas_blocks")  # one projection on the dense path
     assert DecodePlan.build(loaded.model) is None
+
+
+@needs_f32_blocks
+def test_a_float32_plan_serves_the_forwards_the_block_kernel_takes(default_target, monkeypatch):
+    """float32: decode and verify forwards of at most F32_ROWS rows (exact.linear's routing on AVX2); exact prefill
+    and larger forwards only where the kernel's AVX-512 build takes any number of rows."""
+    model = default_target.model
+    plan, kernel = model.decode_plan(), model.path_kernel()
+    assert plan is not None and plan.dtype == torch.float32 and kernel is not None
+
+    def meta(n: int) -> AttnMeta:
+        order = torch.arange(n).expand(n, n)
+        pa = PathAttention(order=order, lengths=torch.arange(1, n + 1), start=0, kv_len=64, mirror=None, kernel=kernel)
+        return AttnMeta(start=0, kv_len=64, paths=[pa])
+
+    small, large = torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, F32_ROWS + 1, dtype=torch.long)
+    for any_rows in (True, False):
+        monkeypatch.setattr("eyas.models.decode_plan.f32_any_rows", lambda any_rows=any_rows: any_rows)
+        assert plan.serves(small, meta(3), exact_prefill=False)
+        assert plan.serves(small, meta(3), exact_prefill=True) == any_rows
+        assert plan.serves(large, meta(F32_ROWS + 1), exact_prefill=False) == any_rows
