@@ -53,8 +53,8 @@ inline void scales8(const uint8_t* blk, __m256& d, __m256& m) {
 // weights 8c .. 8c + 7 of a block as float32, gguf-py's values: d * q, or d * q + m as one fused multiply-add (d * q is
 // exact in float32, so one rounding of the sum is what multiply-then-add gives). The chunk's quants are read from the
 // block by one widening load (Q4 types: bytes 0-7 hold chunks 0 and 2, bytes 8-15 chunks 1 and 3, low nibble then
-// high), not widened once a block and held in two registers: on Zen 3 the passes ran 1.04-1.15x faster so (the
-// registers freed serve the accumulators; scripts/f32_kernel_ab.py)
+// high), not widened once a block and held in two registers: on Zen 3 the 121 projections ran 1.03-1.07x faster so at
+// 1-6 rows and 1.17x at 8 (the registers freed serve the accumulators; scripts/f32_kernel_ab.py)
 template <int64_t QT>
 inline __m256 chunk8(const uint8_t* blk, int c, __m256 d, __m256 m) {
   if constexpr (QT == Q8_0) {
@@ -204,10 +204,10 @@ void group(const float* xd, int64_t m, const uint8_t* const* w, int64_t k, int64
 }
 #else
 // AVX2 (16 registers): up to DIRECT2_ROWS input rows, each 8-weight chunk of a block is rebuilt in a register and
-// multiplied at once against every row (at most 8 accumulators a pass, so the chunk, the scales and two widened quant
-// halves fit beside them), so the rebuilt weights never go through memory. Past DIRECT2_ROWS the rebuilt group is
-// kept in an L1 buffer every pass of 2 rows reads. Every accumulator takes k = l, l + 8, ... of one weight row in
-// order either way (f32_dot.h's sums, bit for bit). The rebuild (scales8, chunk8) is dequant_block's.
+// multiplied at once against every row (at most 8 accumulators a pass beside the chunk and the scales), so the
+// rebuilt weights never go through memory. Past DIRECT2_ROWS the rebuilt group is kept in an L1 buffer every pass of 2
+// rows reads. Every accumulator takes k = l, l + 8, ... of one weight row in order either way (f32_dot.h's sums, bit
+// for bit). The rebuild (scales8, chunk8) is dequant_block's.
 
 // Rows a call takes in registers (Zen 3, 2 cores, the embedded model's 121 projections, both with the prefetch below:
 // 1 / 2 / 3 / 4 rows 1.42 / 1.45 / 1.5 / 1.17x the buffer's speed; 5-8 rows, one weight row a pass, 1.22-1.31x; past
