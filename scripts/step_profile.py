@@ -148,7 +148,8 @@ def verify_kernels() -> defaultdict[int, list[tuple[float, float, float]]]:
     out: defaultdict[int, list[tuple[float, float, float]]] = defaultdict(list)
     # the compiled modules' functions: the target's modules and its decode plan (eyas.models.decode_plan) both call
     # them through the module at every call
-    wrap(kernels.gguf_bf16(), "linear", proj, when=lambda: current[0] > 0)
+    for blocks in {kernels.gguf_bf16(), kernels.gguf_f32()} - {None}:  # bf16 and float32 targets' block kernels
+        wrap(blocks, "linear", proj, when=lambda: current[0] > 0)
     wrap(kernels.LAYER_OPS(), "rope_cache", attn, when=lambda: current[0] > 0)
     wrap(kernels.path_attention(), "path_attention", attn, when=lambda: current[0] > 0)
     wrap(ArgmaxScreen, "logits", screen, when=lambda: current[0] > 0)
