@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from eyas.kv.static import KVCache
 from eyas.models import gguf_tuning
 from eyas.models.attention import AttnMeta
 from eyas.models.base import PathAttention
-from eyas.models.decode_plan import DecodePlan
+from eyas.models.decode_plan import DecodePlan, layer_caches
 from eyas.models.gguf_blocks import F32_ROWS, block_kernel, block_kernel_for
 
 needs_blocks = pytest.mark.skipif(block_kernel() is None, reason="needs AVX512-BF16 (the bf16 block kernel of a plan)")
@@ -130,3 +131,15 @@ def test_a_float32_plan_serves_the_forwards_the_block_kernel_takes(default_targe
         assert plan.serves(small, meta(3), exact_prefill=False)
         assert plan.serves(small, meta(3), exact_prefill=True) == any_rows
         assert plan.serves(large, meta(F32_ROWS + 1), exact_prefill=False) == any_rows
+
+
+def test_layer_caches_are_each_layers_first_sequence_and_follow_a_replaced_tensor():
+    cache = KVCache.empty(3, 2, 2, 16, 4, torch.float32)
+    views = layer_caches(cache)
+    assert layer_caches(cache) is views  # made once
+    for i, (k, v) in enumerate(views):
+        assert k.data_ptr() == cache.k[i, 0].data_ptr() and k.shape == cache.k[i, 0].shape
+        assert v.data_ptr() == cache.v[i, 0].data_ptr() and v.shape == cache.v[i, 0].shape
+    cache.k = torch.ones_like(cache.k)  # a cache whose tensors are replaced gets views of the new ones
+    fresh = layer_caches(cache)
+    assert fresh is not views and torch.equal(fresh[2][0], cache.k[2, 0])
