@@ -43,15 +43,15 @@ def generate_recorded(monkeypatch, spec, plan, speculate: bool) -> tuple[list[in
 
 
 @pytest.fixture(params=["bfloat16", "float32"])
-def embedded_exact(request, embedded_bf16, default_target):
-    """The embedded default in exact mode, in each dtype whose block kernel this CPU builds."""
+def embedded_exact(request):
+    """The embedded default in exact mode, in each dtype whose block kernel this CPU builds (loaded only then)."""
     if request.param == "bfloat16":
         if block_kernel() is None:
             pytest.skip("needs AVX512-BF16 (the bf16 block kernel of a plan)")
-        return embedded_bf16[0]
+        return request.getfixturevalue("embedded_bf16")[0]
     if block_kernel_for(torch.float32) is None:
         pytest.skip("needs AVX2, FMA and F16C (the float32 block kernel of a plan)")
-    return default_target
+    return request.getfixturevalue("default_target")
 
 
 @pytest.mark.parametrize("speculate", [False, True])
