@@ -64,7 +64,6 @@ class LayerPlan:
     o: Projection
     gate_up: Projection
     down: Projection
-    inter: int  # the MLP's width: gate_up's output is gate | up
 
 
 @dataclass(frozen=True)
@@ -96,7 +95,7 @@ class DecodePlan:
             n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
             if attn.q_norm is not None or any(p is None for p in projs) or n1.eps != n2.eps:
                 return None
-            layers.append(LayerPlan(n1.weight, n2.weight, n1.eps, *projs, inter=mlp.down_proj.in_features))
+            layers.append(LayerPlan(n1.weight, n2.weight, n1.eps, *projs))
         c = model.config
         return cls(tuple(layers), c.num_heads, c.num_kv_heads, c.head_dim, kernel, norm, ops, model.dtype)
 
@@ -132,8 +131,9 @@ class DecodePlan:
             q = rope_cache(qkv, cos, sin, kc, vc, pa.start, h)  # [N, H, Dh] float32
             y = pa.kernel.path_attention(q, kc, vc, pa.start, pa.slots, pa.lengths, scale)
             x = x + lin(y.to(x.dtype).view(n, h * dh), p.o.data, p.o.code, p.o.bias)
-            gu = lin(norm(x, p.norm2, p.eps), p.gate_up.data, p.gate_up.code, p.gate_up.bias)
-            x = x + lin(F.silu(gu[:, : p.inter]) * gu[:, p.inter :], p.down.data, p.down.code, p.down.bias)
+            gu = lin(norm(x, p.norm2, p.eps), p.gate_up.data, p.gate_up.code, p.gate_up.bias)  # [N, 2I]: gate | up
+            half = gu.shape[1] // 2
+            x = x + lin(F.silu(gu[:, :half]) * gu[:, half:], p.down.data, p.down.code, p.down.bias)
         return x[None], tapped
 
 
