@@ -1,6 +1,7 @@
-"""A/B of the decode plan's Python (eyas/models/decode_plan.py): a git revision's ``DecodePlan.run`` against the
-working tree's, plain decoding of tuning questions in one process, the two alternating question by question (the
-order flipped in the second round). Prints decode tok/s of each and whether every output is the same.
+"""A/B of the decode plan's Python (eyas/models/decode_plan.py): a git revision's ``DecodePlan`` against the
+working tree's (each built by its own code), plain decoding of tuning questions in one process, the two alternating
+question by question (the order flipped in the second round). Prints decode tok/s of each and whether every output
+is the same.
 
 python scripts/tune_questions.py --out /tmp/tune.jsonl
 python scripts/plan_ab.py --rev ec3d038~1 --questions /tmp/tune.jsonl --limit 8
@@ -10,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import eyas
-from eyas.models import decode_plan
+from eyas.bench.speed import read_questions
 
 
 def plan_at(rev: str, into: Path):
@@ -41,26 +41,29 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--dtype", default="auto")
     a = ap.parse_args()
-    qs = [json.loads(line)["turns"][0] for line in open(a.questions)][: a.limit]
+    qs = [q["turns"][0] for q in read_questions(a.questions, a.limit)]
     with tempfile.TemporaryDirectory() as tmp:
         old = plan_at(a.rev, Path(tmp))
-        spec = eyas.load(dtype=a.dtype, drafter="none")
-        new_run = decode_plan.DecodePlan.run
-        runs = {a.rev: lambda self, *args: old.DecodePlan.run(self, *args), "working tree": new_run}
-        spec.generate(qs[0], max_new_tokens=16, speculate=False)
-        secs, toks, ids = dict.fromkeys(runs, 0.0), dict.fromkeys(runs, 0), {}
-        try:
-            for order in (list(runs), list(runs)[::-1]):
-                for q in qs:
-                    for name in order:
-                        decode_plan.DecodePlan.run = runs[name]
-                        r = spec.generate(q, max_new_tokens=a.max_new_tokens, speculate=False)
-                        secs[name] += r.seconds - r.prefill_seconds
-                        toks[name] += r.new_tokens - 1
-                        ids.setdefault(q, {})[name] = r.token_ids
-        finally:
-            decode_plan.DecodePlan.run = new_run
-    rate = {k: toks[k] / secs[k] for k in runs}
+    spec = eyas.load(dtype=a.dtype, drafter="none")
+    model = spec.target.model
+    # each side's plan built by its own code, so the revision's run() reads the fields its build() made
+    plans = {a.rev: old.DecodePlan.build(model), "working tree": model.decode_plan()}
+    if any(p is None for p in plans.values()):
+        raise SystemExit("no decode plan on this machine (it needs the block kernel for the dtype: EYAS_DECODE_PLAN?)")
+    spec.generate(qs[0], max_new_tokens=16, speculate=False)
+    secs, toks, ids = dict.fromkeys(plans, 0.0), dict.fromkeys(plans, 0), {}
+    try:
+        for order in (list(plans), list(plans)[::-1]):
+            for q in qs:
+                for name in order:
+                    model.__dict__["_decode_plan"] = plans[name]
+                    r = spec.generate(q, max_new_tokens=a.max_new_tokens, speculate=False)
+                    secs[name] += r.seconds - r.prefill_seconds
+                    toks[name] += r.new_tokens - 1
+                    ids.setdefault(q, {})[name] = r.token_ids
+    finally:
+        model.__dict__["_decode_plan"] = plans["working tree"]
+    rate = {k: toks[k] / secs[k] for k in plans}
     same = all(len({tuple(v) for v in per.values()}) == 1 for per in ids.values())
     base, new = rate[a.rev], rate["working tree"]
     print(f"plain decode tok/s: {a.rev} {base:.1f}, working tree {new:.1f}: {new / base:.3f}x; identical: {same}")
