@@ -15,6 +15,11 @@ python scripts/prefill_ab.py --questions /tmp/tune.jsonl --limit 4 --pad 3
 python scripts/prefill_ab.py --rows 17,32,41,64,96,128   # the layers' 120 projections alone, best of 3 passes
 python scripts/prefill_ab.py --rows 8,32,64,128 --dtype bfloat16   # the same for bf16 (oneDNN against the blocks)
 python scripts/prefill_ab.py --questions /tmp/tune.jsonl --limit 8 --dtype bfloat16   # bf16 prompts, end to end
+
+``--gemm``: instead, the float32 dense GEMM itself, MKL's ``sgemm`` against the oneDNN product on a prepacked copy
+(eyas.models.packed, since 2026-11-30), both on the padded dense path (where the blocks do not take prefill: AVX2).
+
+python scripts/prefill_ab.py --questions /tmp/tune.jsonl --limit 6 --gemm
 """
 
 from __future__ import annotations
@@ -28,20 +33,27 @@ import torch
 
 import eyas
 import eyas.models.exact as exact
+from eyas.models import packed
 from eyas.models.gguf_blocks import attached_blocks
 
+PAIRS = {False: ("dense", "blocks"), True: ("mkl", "dnnl")}  # (reference, new) by --gemm
 
-def prefill_ms(spec, prompt: str, dense: bool) -> tuple[float, int]:
-    """One plain generation of one token: (prefill ms, first token id), the dense GEMM or the blocks."""
-    real = exact._f32_any_rows, exact._bf16_any_rows
-    if dense:
+
+def prefill_ms(spec, prompt: str, side: str) -> tuple[float, int]:
+    """One plain generation of one token: (prefill ms, first token id) with ``side``'s projections: "blocks", or the
+    dense GEMM ("dense": as eyas picks it; "mkl" / "dnnl": float32's MKL sgemm / oneDNN on a prepacked copy).
+    """
+    real = exact._f32_any_rows, exact._bf16_any_rows, packed._AVAILABLE_F32
+    if side != "blocks":
         exact._f32_any_rows = exact._bf16_any_rows = lambda: False
+    if side in ("mkl", "dnnl"):
+        packed._AVAILABLE_F32 = real[2] and side == "dnnl"
     try:
         t0 = time.perf_counter()
         r = spec.generate(prompt, max_new_tokens=1, speculate=False)
         total = time.perf_counter() - t0
     finally:
-        exact._f32_any_rows, exact._bf16_any_rows = real
+        exact._f32_any_rows, exact._bf16_any_rows, packed._AVAILABLE_F32 = real
     return 1e3 * (r.prefill_seconds or total), r.token_ids[0]
 
 
@@ -74,6 +86,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--rows", default=None, help="comma-separated row counts: time the projections alone")
+    ap.add_argument("--gemm", action="store_true", help="float32's dense GEMM: MKL against oneDNN prepacked")
     a = ap.parse_args()
     prompts = [json.loads(line)["turns"][0] for line in open(a.questions)][: a.limit] if a.questions else []
     prompts = [" ".join([p] * a.pad) for p in [*a.prompt, *prompts]]
@@ -83,7 +96,10 @@ def main() -> None:
     if a.rows and not prompts:  # the projections alone: the bf16 kernel takes every row count as well
         projections(spec, [int(r) for r in a.rows.split(",")])
         return
-    if not (exact._f32_any_rows() if a.dtype == "float32" else exact._bf16_any_rows()):
+    ref, new = PAIRS[a.gemm]
+    if a.gemm and not (packed._AVAILABLE_F32 and a.dtype == "float32"):
+        raise SystemExit("--gemm compares float32's dense GEMMs: needs --dtype float32 and oneDNN (EYAS_PACK_WEIGHTS)")
+    if not a.gemm and not (exact._f32_any_rows() if a.dtype == "float32" else exact._bf16_any_rows()):
         raise SystemExit("the block kernel does not take prefill here (float32: it needs AVX-512; bfloat16: the "
                          "kernel's fma_rows, eyas.models.gguf_tuning.prefill_on_blocks; and a target with GGUF "
                          "blocks): nothing to compare")
@@ -92,26 +108,24 @@ def main() -> None:
         projections(spec, [int(r) for r in a.rows.split(",")])
         if not prompts:
             return
-    for dense in (True, False):  # warm both paths
-        prefill_ms(spec, prompts[0], dense)
-    totals = {True: 0.0, False: 0.0}
+    for side in (ref, new):  # warm both paths
+        prefill_ms(spec, prompts[0], side)
+    totals = {ref: 0.0, new: 0.0}
     for p in prompts:
-        times: dict[bool, list[float]] = {True: [], False: []}
-        firsts: dict[bool, set[int]] = {True: set(), False: set()}
+        times: dict[str, list[float]] = {ref: [], new: []}
+        firsts: dict[str, set[int]] = {ref: set(), new: set()}
         for _ in range(a.repeats):
-            for dense in (True, False):
-                ms, tok = prefill_ms(spec, p, dense)
-                times[dense].append(ms)
-                firsts[dense].add(tok)
+            for side in (ref, new):
+                ms, tok = prefill_ms(spec, p, side)
+                times[side].append(ms)
+                firsts[side].add(tok)
         med = {d: statistics.median(v) for d, v in times.items()}
         for d in med:
             totals[d] += med[d]
-        same = "same first token" if firsts[True] == firsts[False] and len(firsts[True]) == 1 else f"first {firsts}"
-        print(f"{spec.encode(p).shape[0]:5d} tokens  dense {med[True]:7.1f} ms  blocks {med[False]:7.1f} ms  "
-              f"{med[True] / med[False]:4.2f}x  {same}")
-    d, b = totals[True], totals[False]
-    print(f"all prompts: dense {d:.1f} ms, blocks {b:.1f} ms, {d / b:.2f}x")
-
+        same = "same first token" if firsts[ref] == firsts[new] and len(firsts[ref]) == 1 else f"first {firsts}"
+        print(f"{spec.encode(p).shape[0]:5d} tokens  {ref} {med[ref]:7.1f} ms  {new} {med[new]:7.1f} ms  "
+              f"{med[ref] / med[new]:4.2f}x  {same}")
+    print(f"all prompts: {ref} {totals[ref]:.1f} ms, {new} {totals[new]:.1f} ms, {totals[ref] / totals[new]:.2f}x")
 
 if __name__ == "__main__":
     main()

@@ -139,7 +139,7 @@ class EagleDrafter(Drafter):
                                  "takes the target's shipped EAGLE-1 head, and this target has none)")
             head = load_eagle_head(Path(path), self.target.config, self.target.dtype)
         self.head = head.to(head_compute_dtype(self.target))
-        pack_linears_(self.head)  # bf16 on a CPU: prepacked oneDNN weights (eyas.models.packed), same bits
+        pack_linears_(self.head)  # oneDNN-prepacked weights on a CPU (bf16; float32 past a few rows)
         # on a CPU (bf16 with AVX512-BF16, or float32): Q8_0 weights, a half (a quarter) of the bytes a step
         if quantize_head_(self.head) and self.head_dtype == torch.bfloat16:
             gguf_tuning.tune_once(self.head)  # the bf16 kernel's options for this CPU, if the target's did not set them

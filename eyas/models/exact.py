@@ -65,7 +65,8 @@ class RowFloor:
 
     def __call__(self, mod: nn.Module) -> int:
         w = mod.weight
-        key = (tuple(w.shape), w.dtype, w.device, mod.bias is not None, torch.get_num_threads(), type(mod).__name__)
+        kind = mod.gemm_kind() if hasattr(mod, "gemm_kind") else type(mod).__name__  # the GEMM the floor is of
+        key = (tuple(w.shape), w.dtype, w.device, mod.bias is not None, torch.get_num_threads(), kind)
         if key not in self._seen:
             disk = _disk_key(key) if w.device.type == "cpu" else None
             known = self._load().get(disk) if disk else None

@@ -1,4 +1,4 @@
-"""CPU inference projections: bf16 on a oneDNN-prepacked weight, float32 at a few rows through a streaming kernel.
+"""CPU inference projections on oneDNN-prepacked weights (bf16; float32 past a streaming kernel's few rows).
 
 ``F.linear`` on a CPU hands a bf16 weight to oneDNN in its plain [N, K] layout on every call, and
 oneDNN re-lays it out (packs it) each time; for the few rows of decoding that repacking costs more
@@ -16,6 +16,12 @@ The copy is made at the first inference forward and remade when the weight's sto
 changes (``.to()``, a load); autograd, other dtypes and other devices take ``F.linear``. It costs
 a second copy of each weight (SmolLM2-135M in bf16: +270 MB), so packing stops once the copies
 would pass a quarter of the machine's memory; ``EYAS_PACK_WEIGHTS=0`` turns it off.
+
+float32 past the streaming kernel's rows (prefill chunks): the same oneDNN product on a prepacked float32 copy
+instead of MKL's ``sgemm``, which repacks the weight every call: SmolLM2's four projections of a layer 2.6-2.8 ms
+instead of 4.8 at 40 rows, 6.0-6.3 instead of 8.5 at 100 (AVX2 VM, 2 threads, best of 5). It gives a row the same
+bits at every row count (checked 1-300 rows for SmolLM2's shapes; exact mode's row floors are probed for it under
+their own key, ``gemm_kind``), not MKL's bits. ``EYAS_PACK_WEIGHTS=0`` keeps MKL.
 
 float32 (the dtype on CPUs without native bf16): MKL's sgemm re-reads the weight for 2-16 rows, so a
 verify forward of a few tree nodes cost 1.5x a plain step on the AVX2 VM. Up to ``skinny_rows`` rows
@@ -60,6 +66,18 @@ def _available() -> bool:
 _AVAILABLE = _available()
 
 
+def _available_f32() -> bool:
+    if os.environ.get("EYAS_PACK_WEIGHTS", "1") == "0":
+        return False
+    try:
+        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+_AVAILABLE_F32 = _available_f32()
+
+
 def _budget() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
@@ -87,9 +105,6 @@ class PackedLinear(nn.Linear):
         rows; from the weight's GGUF blocks where it has them, the same bits) or ``F.linear``. Exact mode's prefill
         and row-floor probes take this path only.
         """
-        packed = self._packed(x)
-        if packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
         kernel = skinny_kernel(self.weight, x)
         if kernel is not None:
             blocks = attached_blocks(self)
@@ -97,7 +112,18 @@ class PackedLinear(nn.Linear):
                 return blocks.linear(x, self.bias)
             out = kernel.linear(x.reshape(-1, x.shape[-1]), self.weight, _EMPTY if self.bias is None else self.bias)
             return out.view(*x.shape[:-1], self.weight.shape[0])
+        packed = self._packed(x)
+        if packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+    def gemm_kind(self) -> str:
+        """What ``dense`` multiplies with past the streaming kernel's rows, for exact mode's row-floor cache key
+        (eyas.models.exact.RowFloor): a float32 weight's oneDNN product rounds unlike MKL's.
+        """
+        if self.weight.dtype == torch.float32 and _AVAILABLE_F32:
+            return "PackedLinear+dnnl-f32"
+        return "PackedLinear"
 
     def __getstate__(self) -> dict:
         """Copies (deepcopy, pickle) leave the packed weight behind (an opaque tensor): they pack their own."""
@@ -108,7 +134,8 @@ class PackedLinear(nn.Linear):
 
     def _packed(self, x: torch.Tensor) -> torch.Tensor | None:
         w = self.weight
-        if not (_AVAILABLE and w.dtype == torch.bfloat16 and x.dtype == w.dtype and w.device.type == "cpu"):
+        on = _AVAILABLE if w.dtype == torch.bfloat16 else _AVAILABLE_F32 and w.dtype == torch.float32
+        if not (on and x.dtype == w.dtype and w.device.type == "cpu"):
             return None
         if torch.is_grad_enabled() and (w.requires_grad or x.requires_grad):
             return None
@@ -182,13 +209,14 @@ def skinny_gemm_ready() -> bool:
 
 
 def packed_weights() -> bool:
-    """Whether PackedLinear packs on this machine (oneDNN bf16 available, not turned off)."""
+    """Whether PackedLinear packs bf16 weights on this machine (oneDNN bf16 available, not turned off)."""
     return _AVAILABLE
 
 
 def pack_linears_(model: nn.Module) -> int:
     """Make every plain nn.Linear under ``model`` a PackedLinear in place (class swap: parameters, names
-    and state dict unchanged); returns the count. Packing itself waits for the first bf16 CPU forward.
+    and state dict unchanged); returns the count. Packing itself waits for the first bf16 CPU forward (float32: the
+    first past the streaming kernel's rows).
     """
     count = 0
     for mod in model.modules():

@@ -72,7 +72,7 @@ def test_state_dict_autograd_and_other_dtypes_are_plain_linear():
     f32 = nn.Linear(32, 16)
     pack_linears_(f32)
     xf = torch.randn(4, 32)
-    with torch.inference_mode():  # float32 is never packed (a few rows may take the streaming kernel: same maths)
+    with torch.inference_mode():  # float32 at a few rows takes the streaming kernel (same maths), not a packed copy
         torch.testing.assert_close(f32(xf), F.linear(xf, f32.weight, f32.bias), rtol=1e-5, atol=1e-6)
         assert "_eyas_packed" not in f32.__dict__
 
