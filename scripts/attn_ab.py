@@ -31,13 +31,14 @@ KERNEL = "eyas/kernels/path_attn.cpp"
 
 
 def build_base(rev: str, tmp: Path):
-    """path_attn.cpp as of ``rev``, built as eyas builds its own."""
+    """path_attn.cpp and the headers beside it as of ``rev``, built as eyas builds its own."""
     from torch.utils.cpp_extension import load
 
-    src = subprocess.run(["git", "show", f"{rev}:{KERNEL}"], check=True, capture_output=True).stdout
-    (tmp / "path_attn.cpp").write_bytes(src)
-    for h in Path(KERNEL).parent.glob("*.h"):  # the headers it includes, as they are now
-        (tmp / h.name).write_bytes(h.read_bytes())
+    names = subprocess.run(["git", "ls-tree", "--name-only", rev, "eyas/kernels/"], check=True, capture_output=True,
+                           text=True).stdout.split()
+    for name in [n for n in names if n.endswith(".h")] + [KERNEL]:
+        (tmp / Path(name).name).write_bytes(subprocess.run(["git", "show", f"{rev}:{name}"], check=True,
+                                                           capture_output=True).stdout)
     cflags, ldflags = kernels.build_flags("path_attn")
     return load("eyas_path_attn_base", [str(tmp / "path_attn.cpp")], build_directory=str(tmp), verbose=False,
                 extra_cflags=cflags, extra_ldflags=ldflags)
