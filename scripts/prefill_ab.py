@@ -20,6 +20,7 @@ python scripts/prefill_ab.py --questions /tmp/tune.jsonl --limit 8 --dtype bfloa
 (eyas.models.packed, since 2026-11-30), both on the padded dense path (where the blocks do not take prefill: AVX2).
 
 python scripts/prefill_ab.py --questions /tmp/tune.jsonl --limit 6 --gemm
+python scripts/prefill_ab.py --rows 17,40,64,100,128 --gemm   # the layers' 120 projections alone
 """
 
 from __future__ import annotations
@@ -57,24 +58,32 @@ def prefill_ms(spec, prompt: str, side: str) -> tuple[float, int]:
     return 1e3 * (r.prefill_seconds or total), r.token_ids[0]
 
 
-def projections(spec, rows: list[int], passes: int = 3) -> None:
-    """The layers' projections (not the vocabulary row) at each row count: the dense GEMM against the blocks."""
+def projections(spec, rows: list[int], gemm: bool = False, passes: int = 3) -> None:
+    """The layers' projections (not the vocabulary row) at each row count: the dense GEMM against the blocks (with
+    ``gemm``: MKL's float32 GEMM against oneDNN's on the prepacked copy).
+    """
     mods = [m for m in spec.target.model.model.layers.modules() if attached_blocks(m) is not None]
     dtype = spec.target.model.dtype
+    ref, new = PAIRS[gemm]
+    real = packed._AVAILABLE_F32
     for m in rows:
         xs = [torch.randn(m, mod.in_features).to(dtype) for mod in mods]
         best = {}
-        for name in ("dense", "blocks"):
+        for name in (ref, new):
             runs = []
-            for _ in range(passes):
-                t0 = time.perf_counter()
-                with torch.inference_mode():
-                    for mod, x in zip(mods, xs, strict=True):
-                        mod.dense(x) if name == "dense" else attached_blocks(mod).linear(x, None)
-                runs.append(time.perf_counter() - t0)
+            packed._AVAILABLE_F32 = real and name != "mkl"
+            try:
+                for _ in range(passes):
+                    t0 = time.perf_counter()
+                    with torch.inference_mode():
+                        for mod, x in zip(mods, xs, strict=True):
+                            mod.dense(x) if name != "blocks" else attached_blocks(mod).linear(x, None)
+                    runs.append(time.perf_counter() - t0)
+            finally:
+                packed._AVAILABLE_F32 = real
             best[name] = 1e3 * min(runs)
-        print(f"{m:4d} rows, {len(mods)} projections: dense {best['dense']:6.1f} ms  blocks {best['blocks']:6.1f} ms  "
-              f"{best['dense'] / best['blocks']:4.2f}x")
+        print(f"{m:4d} rows, {len(mods)} projections: {ref} {best[ref]:6.1f} ms  {new} {best[new]:6.1f} ms  "
+              f"{best[ref] / best[new]:4.2f}x")
 
 
 def main() -> None:
@@ -94,7 +103,7 @@ def main() -> None:
         ap.error("nothing to time: give --questions, --prompt or --rows")
     spec = eyas.load(dtype=a.dtype)
     if a.rows and not prompts:  # the projections alone: the bf16 kernel takes every row count as well
-        projections(spec, [int(r) for r in a.rows.split(",")])
+        projections(spec, [int(r) for r in a.rows.split(",")], a.gemm)
         return
     ref, new = PAIRS[a.gemm]
     if a.gemm and not (packed._AVAILABLE_F32 and a.dtype == "float32"):
@@ -105,7 +114,7 @@ def main() -> None:
                          "blocks): nothing to compare")
     print(f"exact mode {spec.exact}, dtype {a.dtype}")
     if a.rows:
-        projections(spec, [int(r) for r in a.rows.split(",")])
+        projections(spec, [int(r) for r in a.rows.split(",")], a.gemm)
         if not prompts:
             return
     for side in (ref, new):  # warm both paths

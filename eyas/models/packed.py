@@ -18,10 +18,11 @@ a second copy of each weight (SmolLM2-135M in bf16: +270 MB), so packing stops o
 would pass a quarter of the machine's memory; ``EYAS_PACK_WEIGHTS=0`` turns it off.
 
 float32 past the streaming kernel's rows (prefill chunks): the same oneDNN product on a prepacked float32 copy
-instead of MKL's ``sgemm``, which repacks the weight every call: SmolLM2's four projections of a layer 2.6-2.8 ms
-instead of 4.8 at 40 rows, 6.0-6.3 instead of 8.5 at 100 (AVX2 VM, 2 threads, best of 5). It gives a row the same
-bits at every row count (checked 1-300 rows for SmolLM2's shapes; exact mode's row floors are probed for it under
-their own key, ``gemm_kind``), not MKL's bits. ``EYAS_PACK_WEIGHTS=0`` keeps MKL.
+instead of MKL's ``sgemm``, which repacks the weight every call: SmolLM2's 120 layer projections 105 ms instead of
+189 at 40 rows, 231 instead of 294 at 100 (AVX2 VM, 2 threads; ``scripts/prefill_ab.py --rows 40,100 --gemm``; a
+prompt 1.19-1.78x faster end to end). It gives a row the same bits at every row count (checked 1-300 rows for
+SmolLM2's shapes; exact mode's row floors are probed for it under their own key, ``gemm_kind``), not MKL's bits.
+``EYAS_PACK_WEIGHTS=0`` keeps MKL.
 
 float32 (the dtype on CPUs without native bf16): MKL's sgemm re-reads the weight for 2-16 rows, so a
 verify forward of a few tree nodes cost 1.5x a plain step on the AVX2 VM. Up to ``skinny_rows`` rows
