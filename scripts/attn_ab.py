@@ -15,33 +15,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from kernel_ab import build_base
 
 import eyas
-from eyas import kernels
 from eyas.autotree import JunkTree, _step_times
 from eyas.decode import DecodeConfig, SpecDecoder
-
-KERNEL = "eyas/kernels/path_attn.cpp"
-
-
-def build_base(rev: str, tmp: Path):
-    """path_attn.cpp and the headers beside it as of ``rev``, built as eyas builds its own."""
-    from torch.utils.cpp_extension import load
-
-    names = subprocess.run(["git", "ls-tree", "--name-only", rev, "eyas/kernels/"], check=True, capture_output=True,
-                           text=True).stdout.split()
-    for name in [n for n in names if n.endswith(".h")] + [KERNEL]:
-        (tmp / Path(name).name).write_bytes(subprocess.run(["git", "show", f"{rev}:{name}"], check=True,
-                                                           capture_output=True).stdout)
-    cflags, ldflags = kernels.build_flags("path_attn")
-    return load("eyas_path_attn_base", [str(tmp / "path_attn.cpp")], build_directory=str(tmp), verbose=False,
-                extra_cflags=cflags, extra_ldflags=ldflags)
 
 
 def step_table(model, builds: dict, contexts: list[int], widths: list[int], rounds: int) -> None:
@@ -103,7 +86,7 @@ def main() -> None:
     if new is None:
         raise SystemExit("needs the compiled tree attention serving the target (a CPU, a float32 cache)")
     with tempfile.TemporaryDirectory() as tmp:
-        builds = {"base": build_base(a.base, Path(tmp)), "new": new}
+        builds = {"base": build_base(a.base, Path(tmp), "path_attn"), "new": new}
         with torch.inference_mode():
             kernel_table(builds, contexts, widths, 3 * a.rounds)
             step_table(model, builds, contexts, widths, a.rounds)

@@ -34,20 +34,21 @@ from eyas.decode import DecodeConfig, SpecDecoder
 from eyas.models import gguf_blocks, gguf_tuning
 from eyas.models.gguf_blocks import attached_blocks
 
-KERNEL = "eyas/kernels/gguf_bf16.cpp"
 
-
-def build_base(rev: str, tmp: Path):
-    """gguf_bf16.cpp and the headers beside it as of ``rev``, built as eyas builds its own."""
+def build_base(rev: str, tmp: Path, kernel: str = "gguf_bf16"):
+    """eyas/kernels/<kernel>.cpp and the headers beside it as of ``rev``, built as eyas builds its own (also
+    scripts/attn_ab.py's).
+    """
     from torch.utils.cpp_extension import load
 
+    source = f"eyas/kernels/{kernel}.cpp"
     names = subprocess.run(["git", "ls-tree", "--name-only", rev, "eyas/kernels/"], check=True, capture_output=True,
                            text=True).stdout.split()
-    for name in [n for n in names if n.endswith(".h")] + [KERNEL]:
+    for name in [n for n in names if n.endswith(".h")] + [source]:
         (tmp / Path(name).name).write_bytes(subprocess.run(["git", "show", f"{rev}:{name}"], check=True,
                                                            capture_output=True).stdout)
-    cflags, ldflags = kernels.build_flags("gguf_bf16")
-    return load("eyas_gguf_bf16_base", [str(tmp / "gguf_bf16.cpp")], build_directory=str(tmp), verbose=False,
+    cflags, ldflags = kernels.build_flags(kernel)
+    return load(f"eyas_{kernel}_base", [str(tmp / f"{kernel}.cpp")], build_directory=str(tmp), verbose=False,
                 extra_cflags=cflags, extra_ldflags=ldflags)
 
 
