@@ -21,6 +21,8 @@
 #include <immintrin.h>
 #endif
 
+#include "f32_dot.h"  // reduce8: the AVX2 body's fixed 8-lane reduction (path_attn_avx2.h)
+
 namespace {
 
 constexpr int LANES = 16;

@@ -1,6 +1,7 @@
 // path_attn.cpp's AVX2 body (CPUs without AVX-512): one (row, KV head) of the tree attention over a float32 cache
 // in a fixed order per row. Included by path_attn.cpp inside its anonymous namespace, after its own includes
-// (<immintrin.h>, <cmath>, <cstdint>) and exp_neg's definition.
+// (<immintrin.h>, <cmath>, <cstdint>, f32_dot.h: reduce8, the fixed 8-lane reduction tree) and exp_neg's
+// definition.
 #pragma once
 
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
@@ -23,12 +24,6 @@ inline __m256 exp_neg8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-inline float hsum8(__m256 v) {  // fixed tree: (l, l+4), (l, l+2), (l, l+1)
-  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-  return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
-}
-
 // value chunks (8 floats) a pass over the values accumulates: G * CH accumulators in at most 12 of the 16 registers
 template <int G, int NV>
 constexpr int value_chunks() {
@@ -44,6 +39,7 @@ template <int G, int DH>
 void decode_one_avx2(const float* q, const float* kb, const float* vb, int64_t ks, int64_t vs, int64_t total,
                      float sc, float* w, float* out, int64_t start, const int64_t* path) {
   constexpr int NV = DH / 8;
+  static_assert(NV >= 2, "head_dim 16 or more (pick_group's sizes)");
   alignas(32) float qs[G * DH];
   for (int g = 0; g < G; ++g)
     for (int j = 0; j < NV; ++j)
@@ -56,12 +52,12 @@ void decode_one_avx2(const float* q, const float* kb, const float* vb, int64_t k
     for (int j = 0; j < NV; ++j) kx[j] = _mm256_loadu_ps(kr + 8 * j);
     for (int g = 0; g < G; ++g) {
       __m256 a0 = _mm256_mul_ps(_mm256_load_ps(qs + g * DH), kx[0]);
-      __m256 a1 = NV > 1 ? _mm256_mul_ps(_mm256_load_ps(qs + g * DH + 8), kx[NV > 1 ? 1 : 0]) : _mm256_setzero_ps();
+      __m256 a1 = _mm256_mul_ps(_mm256_load_ps(qs + g * DH + 8), kx[1]);
       for (int j = 2; j < NV; j += 2) {
         a0 = _mm256_fmadd_ps(_mm256_load_ps(qs + g * DH + 8 * j), kx[j], a0);
         if (j + 1 < NV) a1 = _mm256_fmadd_ps(_mm256_load_ps(qs + g * DH + 8 * (j + 1)), kx[j + 1], a1);
       }
-      const float x = hsum8(_mm256_add_ps(a0, a1));
+      const float x = eyas_f32::reduce8(_mm256_add_ps(a0, a1));
       w[g * total + i] = x;
       m[g] = x > m[g] ? x : m[g];
     }
@@ -88,7 +84,7 @@ void decode_one_avx2(const float* q, const float* kb, const float* vb, int64_t k
       for (int64_t l = 0; l < n; ++l) wg[i0 + l] = tail[l];
       sum = _mm256_add_ps(sum, e);
     }
-    inv[g] = 1.0f / hsum8(sum);
+    inv[g] = 1.0f / eyas_f32::reduce8(sum);
   }
   constexpr int CH = value_chunks<G, NV>();
   for (int c0 = 0; c0 < NV; c0 += CH) {
