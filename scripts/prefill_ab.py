@@ -29,6 +29,7 @@ import argparse
 import json
 import statistics
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -40,9 +41,10 @@ from eyas.models.gguf_blocks import attached_blocks
 PAIRS = {False: ("dense", "blocks"), True: ("mkl", "dnnl")}  # (reference, new) by --gemm
 
 
-def prefill_ms(spec, prompt: str, side: str) -> tuple[float, int]:
-    """One plain generation of one token: (prefill ms, first token id) with ``side``'s projections: "blocks", or the
-    dense GEMM ("dense": as eyas picks it; "mkl" / "dnnl": float32's MKL sgemm / oneDNN on a prepacked copy).
+@contextmanager
+def side_on(side: str):
+    """Within: ``side``'s projections: "blocks" as eyas picks them, or the dense GEMM ("dense": as eyas picks it;
+    "mkl" / "dnnl": float32's MKL sgemm / oneDNN on a prepacked copy).
     """
     real = exact._f32_any_rows, exact._bf16_any_rows, packed._AVAILABLE_F32
     if side != "blocks":
@@ -50,11 +52,17 @@ def prefill_ms(spec, prompt: str, side: str) -> tuple[float, int]:
     if side in ("mkl", "dnnl"):
         packed._AVAILABLE_F32 = real[2] and side == "dnnl"
     try:
+        yield
+    finally:
+        exact._f32_any_rows, exact._bf16_any_rows, packed._AVAILABLE_F32 = real
+
+
+def prefill_ms(spec, prompt: str, side: str) -> tuple[float, int]:
+    """One plain generation of one token with ``side``'s projections (side_on): (prefill ms, first token id)."""
+    with side_on(side):
         t0 = time.perf_counter()
         r = spec.generate(prompt, max_new_tokens=1, speculate=False)
         total = time.perf_counter() - t0
-    finally:
-        exact._f32_any_rows, exact._bf16_any_rows, packed._AVAILABLE_F32 = real
     return 1e3 * (r.prefill_seconds or total), r.token_ids[0]
 
 
@@ -65,22 +73,18 @@ def projections(spec, rows: list[int], gemm: bool = False, passes: int = 3) -> N
     mods = [m for m in spec.target.model.model.layers.modules() if attached_blocks(m) is not None]
     dtype = spec.target.model.dtype
     ref, new = PAIRS[gemm]
-    real = packed._AVAILABLE_F32
     for m in rows:
         xs = [torch.randn(m, mod.in_features).to(dtype) for mod in mods]
         best = {}
         for name in (ref, new):
             runs = []
-            packed._AVAILABLE_F32 = real and name != "mkl"
-            try:
+            with side_on(name):
                 for _ in range(passes):
                     t0 = time.perf_counter()
                     with torch.inference_mode():
                         for mod, x in zip(mods, xs, strict=True):
                             mod.dense(x) if name != "blocks" else attached_blocks(mod).linear(x, None)
                     runs.append(time.perf_counter() - t0)
-            finally:
-                packed._AVAILABLE_F32 = real
             best[name] = 1e3 * min(runs)
         print(f"{m:4d} rows, {len(mods)} projections: {ref} {best[ref]:6.1f} ms  {new} {best[new]:6.1f} ms  "
               f"{best[ref] / best[new]:4.2f}x")

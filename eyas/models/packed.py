@@ -51,8 +51,12 @@ _lock = threading.Lock()
 _packed_bytes = 0  # all PackedLinear copies made in this process
 
 
+def _switched_off() -> bool:
+    return os.environ.get("EYAS_PACK_WEIGHTS", "1") == "0"
+
+
 def _available() -> bool:
-    if os.environ.get("EYAS_PACK_WEIGHTS", "1") == "0":
+    if _switched_off():
         return False
     if cpu_flags() and not native_bf16():
         # oneDNN emulates bf16 there, and its packed product is not F.linear's bits for every shape (Intel Ice Lake,
@@ -68,7 +72,7 @@ _AVAILABLE = _available()
 
 
 def _available_f32() -> bool:
-    if os.environ.get("EYAS_PACK_WEIGHTS", "1") == "0":
+    if _switched_off():
         return False
     try:
         return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
