@@ -8,7 +8,8 @@ an unsupported platform) or its switch turns it off; callers then keep the pure-
 - ``rms_norm()`` (``rms_norm.cpp``, ``EYAS_NORM_KERNEL``): one-pass RMSNorm;
 - ``gguf_bf16()`` (``gguf_bf16.cpp``, ``EYAS_GGUF_BLOCKS``): bf16 projections over GGUF blocks;
 - ``gguf_f32()`` (``gguf_f32.cpp``, ``EYAS_GGUF_BLOCKS``): float32 projections over GGUF blocks, a few rows;
-- ``head_i8()`` (``head_i8.cpp``, ``EYAS_HEAD_INT8``): a draft head's few-row projections in int8 (AVX512-VNNI);
+- ``head_i8()`` (``head_i8.cpp``, ``EYAS_HEAD_INT8``): a draft head's few-row projections in int8 (AVX512-VNNI or
+  AVX2);
 - ``lm_screen()`` (``lm_screen.cpp``, ``EYAS_LM_SCREEN``): greedy decoding's output projection, screened in int8
   (AVX512-VNNI) so that only the few logits that can be the argmax are computed exactly;
 - ``layer_ops()`` (``layer_ops.cpp``, ``EYAS_LAYER_OPS``): RoPE + KV-cache write of exact decode forwards, and
@@ -57,7 +58,8 @@ _KERNELS = {
     "lm_screen": ("the greedy output-projection screen", "EYAS_LM_SCREEN"),
     "layer_ops": ("the decode-layer kernel", "EYAS_LAYER_OPS"),
 }
-_VNNI_ONLY = ("head_i8", "lm_screen")  # not built where they could not serve (AVX2-only CPUs)
+# the CPU flag a kernel needs (not built where it could not serve): the screen AVX512-VNNI, the head's int8 AVX2
+_NEEDS = {"head_i8": "avx2", "lm_screen": "avx512_vnni"}
 # what a CPU target of each dtype uses (prebuild's default); anything else builds on first use
 USED_BY = {torch.bfloat16: ("gguf_bf16", "path_attn", "lm_screen", "head_i8", "rms_norm", "layer_ops"),
            torch.float32: ("gguf_f32", "skinny_gemm", "path_attn", "head_i8", "rms_norm", "layer_ops")}
@@ -146,8 +148,8 @@ def gguf_f32():
 
 def head_i8():
     """The compiled int8 projection for a draft head's few rows (``linear(x, w, sw, sums, bias)``, ``available()``:
-    False where the build lacks AVX512-VNNI), or None where it is off (``EYAS_HEAD_INT8=0``), the CPU has no
-    AVX512-VNNI (then it is not built) or it cannot be built. Built with ``-ffp-contract=off``: its float epilogue
+    False where the build has neither AVX512-VNNI nor AVX2), or None where it is off (``EYAS_HEAD_INT8=0``), the CPU
+    has no AVX2 (then it is not built) or it cannot be built. Built with ``-ffp-contract=off``: its float epilogue
     must round as the torch reference does (multiply, then add).
     """
     return _get("head_i8") if _wanted("head_i8") else None
@@ -183,10 +185,10 @@ def _wanted(name: str) -> bool:
     """Whether this machine builds ``name``: its switch is not 0 and the CPU can run it."""
     if os.environ.get(_KERNELS[name][1], "1") == "0":
         return False
-    if name in _VNNI_ONLY:
+    if name in _NEEDS:
         from eyas.models.cpu import cpu_flags
 
-        return "avx512_vnni" in cpu_flags()
+        return _NEEDS[name] in cpu_flags()
     return True
 
 

@@ -1,5 +1,6 @@
-// y = x @ W^T (+ bias) for a draft head's few rows, in int8 with AVX512-VNNI: W as per-row int8 (scale sw[n]), each
-// input row quantised on the fly to int8 with its own scale (sx[i] = max |x[i]| / 127, round to nearest even).
+// y = x @ W^T (+ bias) for a draft head's few rows, in int8 with AVX512-VNNI (or AVX2: head_i8_avx2.h, the same
+// bits): W as per-row int8 (scale sw[n]), each input row quantised on the fly to int8 with its own scale
+// (sx[i] = max |x[i]| / 127, round to nearest even).
 //
 // A draft head's projections are a few rows (a tree level's frontier) against ~10 M weights, right after a verify
 // forward pushed them out of the caches. The float32 block kernel (gguf_f32.cpp) spends its time rebuilding each
@@ -23,29 +24,25 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define EYAS_HEAD_I8 1
+#define EYAS_HEAD_I8_VNNI 1
+#elif defined(__AVX2__)
+#define EYAS_HEAD_I8 1
+#include "head_i8_avx2.h"  // the same sums through VPMADDUBSW (Zen 3 and other AVX2-only CPUs)
 #endif
 
-namespace {
-
+#ifdef EYAS_HEAD_I8_VNNI
+namespace eyas_head_i8 {
 constexpr int64_t NB = 4;        // weight rows per group (sum4 reduces 4 at once)
 constexpr int MR = 6;            // input rows per pass: 6 x 4 accumulators + 4 weights + 1 input of 32 registers
+constexpr int PASS_ROWS = MR;
 constexpr int64_t CHUNK = 64;    // bytes per VPDPBUSD
+constexpr int32_t OFFSET = 128;  // xu = xq + 128: acc - 128 * sums is sum xq * q
 
-// Software prefetch: each thread asks for the weight group this many groups ahead while it multiplies this one
-// (0: off). The first head call of a step reads its weights from DRAM (the verify forward evicted them), and the
-// hardware prefetcher alone leaves much of that latency exposed: on the Ice Lake VM the head's five projections at
-// 4 rows (scripts/head_cold.py), caches flushed first, 1.20 -> 0.97 ms with 2 groups, and 0.94 -> 0.68 ms for the
-// call after (weights then in L3); 1, 4 and 8 groups within 0.07 ms of 2.
-// The sums do not change. set_prefetch() sets it (eyas.models.int8_rows: EYAS_HEAD_I8_PREFETCH).
-int64_t prefetch_groups = 2;
-
-#ifdef EYAS_HEAD_I8
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const at::BFloat16* p) {  // bf16 -> float32 exactly (the high half of the float's bits)
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-
 // one row of K values -> K bytes round(x * 127 / amax) + 128, and its scale amax / 127 (0 for an all-zero row)
 template <typename T>
 float quantize_row(const T* x, int64_t k, uint8_t* out) {
@@ -91,25 +88,51 @@ inline void micro(const uint8_t* const* xu, const int8_t* const* w, int64_t k, i
   for (int i = 0; i < R; ++i) _mm_storeu_si128(reinterpret_cast<__m128i*>(acc + i * NB), sum4(a[i]));
 }
 
-void rows_pass(int rows, const uint8_t* const* xs, const int8_t* const* ws, int64_t k, int32_t* acc) {
-  switch (rows) {
-    case 6: micro<6>(xs, ws, k, acc); break;
-    case 5: micro<5>(xs, ws, k, acc); break;
-    case 4: micro<4>(xs, ws, k, acc); break;
-    case 3: micro<3>(xs, ws, k, acc); break;
-    case 2: micro<2>(xs, ws, k, acc); break;
-    default: micro<1>(xs, ws, k, acc); break;
+// the input rows quantised for VPDPBUSD: xu = xq + 128 (uint8)
+struct Input {
+  std::vector<uint8_t> xu;
+  std::vector<float> sx;
+
+  template <typename T>
+  Input(const T* x, int64_t m, int64_t k) : xu(m * k), sx(m) {
+    for (int64_t i = 0; i < m; ++i) sx[i] = quantize_row(x + i * k, k, xu.data() + i * k);
   }
-}
+  // rows [i0, i0 + rows) against the group's NB weight rows ws: acc[r * NB + j]; the run prefetches
+  void pass(int64_t i0, int rows, int64_t k, const int8_t* const* ws, int32_t* acc, int64_t /*ahead*/) const {
+    const uint8_t* xs[MR];
+    for (int r = 0; r < rows; ++r) xs[r] = xu.data() + (i0 + r) * k;
+    switch (rows) {
+      case 6: micro<6>(xs, ws, k, acc); break;
+      case 5: micro<5>(xs, ws, k, acc); break;
+      case 4: micro<4>(xs, ws, k, acc); break;
+      case 3: micro<3>(xs, ws, k, acc); break;
+      case 2: micro<2>(xs, ws, k, acc); break;
+      default: micro<1>(xs, ws, k, acc); break;
+    }
+  }
+  static constexpr bool PREFETCH_IN_PASS = false;  // run() asks for a group ahead before its passes
+};
+}  // namespace eyas_head_i8
+#endif
+
+namespace {
+
+// Software prefetch: each thread asks for the weight group this many groups ahead while it multiplies this one
+// (0: off). The first head call of a step reads its weights from DRAM (the verify forward evicted them), and the
+// hardware prefetcher alone leaves much of that latency exposed: on the Ice Lake VM the head's five projections at
+// 4 rows (scripts/head_cold.py), caches flushed first, 1.20 -> 0.97 ms with 2 groups, and 0.94 -> 0.68 ms for the
+// call after (weights then in L3); 1, 4 and 8 groups within 0.07 ms of 2.
+// The sums do not change. set_prefetch() sets it (eyas.models.int8_rows: EYAS_HEAD_I8_PREFETCH).
+int64_t prefetch_groups = 2;
+
+#ifdef EYAS_HEAD_I8
+using namespace eyas_head_i8;
 
 template <typename T>
 at::Tensor run(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sw, const at::Tensor& sums,
-                  const at::Tensor& bias) {
+               const at::Tensor& bias) {
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
-  std::vector<uint8_t> xu(static_cast<size_t>(m * k));
-  std::vector<float> sx(static_cast<size_t>(m));
-  const T* xd = x.data_ptr<T>();
-  for (int64_t i = 0; i < m; ++i) sx[i] = quantize_row(xd + i * k, k, xu.data() + i * k);
+  const Input in(x.data_ptr<T>(), m, k);
   auto out = at::empty({m, n}, x.options().dtype(at::kFloat));
   const int8_t* wd = w.data_ptr<int8_t>();
   const float* swd = sw.data_ptr<float>();
@@ -118,25 +141,24 @@ at::Tensor run(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sw, c
   float* od = out.data_ptr<float>();
   const int64_t groups = (n + NB - 1) / NB;
   at::parallel_for(0, groups, 16, [&](int64_t g0, int64_t g1) {
-    int32_t acc[MR * NB];
-    const uint8_t* xs[MR];
+    int32_t acc[PASS_ROWS * NB];
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t j0 = g * NB, nr = std::min<int64_t>(NB, n - j0);
       const int8_t* ws[NB];
       for (int64_t j = 0; j < NB; ++j) ws[j] = wd + (j0 + std::min(j, nr - 1)) * k;  // a short group repeats its last
-      if (prefetch_groups > 0 && g + prefetch_groups < g1) {
+      const bool ahead_ok = prefetch_groups > 0 && g + prefetch_groups < g1;
+      if (ahead_ok && !Input::PREFETCH_IN_PASS) {
         const char* p = reinterpret_cast<const char*>(wd + (j0 + prefetch_groups * NB) * k);
         for (int64_t o = 0; o < NB * k; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
       }
-      for (int64_t i0 = 0; i0 < m; i0 += MR) {
-        const int rows = static_cast<int>(std::min<int64_t>(m - i0, MR));
-        for (int r = 0; r < rows; ++r) xs[r] = xu.data() + (i0 + r) * k;
-        rows_pass(rows, xs, ws, k, acc);
+      for (int64_t i0 = 0; i0 < m; i0 += PASS_ROWS) {
+        const int rows = static_cast<int>(std::min<int64_t>(m - i0, PASS_ROWS));
+        in.pass(i0, rows, k, ws, acc, ahead_ok && i0 == 0 ? prefetch_groups * NB * k : 0);
         for (int r = 0; r < rows; ++r)
           for (int64_t j = 0; j < nr; ++j) {
             const int64_t col = j0 + j;
-            const float dot = static_cast<float>(acc[r * NB + j] - 128 * sd[col]);
-            const float y = dot * (sx[i0 + r] * swd[col]);
+            const float dot = static_cast<float>(acc[r * NB + j] - OFFSET * sd[col]);
+            const float y = dot * (in.sx[i0 + r] * swd[col]);
             od[(i0 + r) * n + col] = bd ? y + bd[col] : y;
           }
       }
@@ -163,7 +185,7 @@ at::Tensor linear(at::Tensor x, at::Tensor w, at::Tensor sw, at::Tensor sums, at
   if (x.scalar_type() == at::kFloat) return run<float>(x, w, sw.contiguous(), sums.contiguous(), bias.contiguous());
   return run<at::BFloat16>(x, w, sw.contiguous(), sums.contiguous(), bias.contiguous());
 #else
-  TORCH_CHECK(false, "head_i8.linear: built without AVX512-VNNI");
+  TORCH_CHECK(false, "head_i8.linear: built without AVX2 or AVX512-VNNI");
 #endif
 }
 
@@ -183,8 +205,8 @@ bool available() {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear", &linear, "x @ W.T + bias for a few rows: W per-row int8, x quantised per row (AVX512-VNNI)");
+  m.def("linear", &linear, "x @ W.T + bias for a few rows: W per-row int8, x quantised per row (AVX512-VNNI or AVX2)");
   m.def("set_prefetch", &set_prefetch, "software prefetch distance in weight groups (0: off); changes no bit");
-  m.def("available", &available, "whether linear was built (AVX512-VNNI at compile time)");
+  m.def("available", &available, "whether linear was built (AVX512-VNNI or AVX2 at compile time)");
   m.def("chunk", [] { return CHUNK; }, "K must be a multiple of this");
 }

@@ -200,9 +200,9 @@ def quantize_head_(head: nn.Module) -> int:
     """A draft head's bf16 or float32 CPU projections as Q8_0 blocks on the block kernel: each weight is replaced,
     in place, by its Q8_0 rounding (the same weights on both paths: the kernel up to ``FAST_ROWS`` rows in bf16,
     the streaming kernel's rows in float32, the dense GEMM past them). Where the int8 kernel serves the head
-    (eyas.models.int8_rows: AVX512-VNNI, a float32 head by default) every projection but the fused taps ``fc`` is
-    per-row int8 instead (``Int8Rows``, same protocol); ``fc`` keeps Q8_0 (int8 rows there cost ~1.5 points of
-    top-1: its input concatenates three layers' residuals of very different scales).
+    (eyas.models.int8_rows: AVX512-VNNI or AVX2, a float32 head by default) every projection but the fused taps
+    ``fc`` is per-row int8 instead (``Int8Rows``, same protocol); ``fc`` keeps Q8_0 (int8 rows there cost ~1.5 points
+    of top-1: its input concatenates three layers' residuals of very different scales).
 
     A head runs right after a verify forward has streamed the target's weights through the caches, so its
     own weights come from DRAM every step: 1.06 bytes a weight instead of 2 halves that read. The draft

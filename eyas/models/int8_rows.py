@@ -1,12 +1,15 @@
-"""A draft head's projections as per-row int8 weights, multiplied in int8 on a CPU with AVX512-VNNI.
+"""A draft head's projections as per-row int8 weights, multiplied in int8 on a CPU with AVX512-VNNI or AVX2.
 
 ``eyas/kernels/head_i8.cpp`` quantises each input row to int8 with its own scale and sums bytes with VPDPBUSD (64
 multiply-adds an instruction, no float weight rebuilt): a float32 head's tree level costs about half the Q8_0 float
-kernel's (docs/benchmarks.md). Only a drafter's head uses it: the draft changes by the rounding, verification keeps
+kernel's (docs/benchmarks.md). On AVX2 alone (``head_i8_avx2.h``) the same sums, bit for bit, through VPMADDUBSW,
+each weight row read as one stream: on the Zen 3 VM (float32) the head's five projections took 0.6-0.8x the Q8_0
+kernel's time at 1-6 rows with their weights cold, and decoding ran 1.011x and 1.035x as fast (two one-process A/Bs,
+24 tuning questions, the same tau). Only a drafter's head uses it: the draft changes by the rounding, verification keeps
 the output lossless. ``Int8Rows`` has ``GGUFBlocks``'s ``linear``/``cat`` protocol, so the head's modules
 (eyas.models.packed, eyas.drafters.head_kernels) call either without knowing which.
 
-Where it serves (``int8_head_ready``): the kernel built and the CPU has AVX512-VNNI, ``EYAS_HEAD_INT8`` not 0, and a
+Where it serves (``int8_head_ready``): the kernel built (a CPU with AVX2), ``EYAS_HEAD_INT8`` not 0, and a
 float32 head, or a bf16 head where the int8 projections measured much cheaper than the bf16 Q8_0 kernel's on this
 machine (``bf16_int8_pays``: timed once, cached; ``EYAS_HEAD_INT8=1`` takes a bf16 head anyway). On a Zen 4 VM a
 bf16 head decoded 0.99x and 1.03x as fast with int8 as with Q8_0 (two one-process A/Bs); on an Intel Xeon (family 6

@@ -273,13 +273,13 @@ def test_a_float32_heads_projections_become_q8_0_blocks_with_matching_dense_weig
         assert torch.equal(head[0](x), SKINNY.linear(x, head[0].weight, NONE))
 
 
-def test_a_float32_heads_projections_become_int8_rows_where_vnni_serves_except_fc():
+def test_a_float32_heads_projections_become_int8_rows_where_the_kernel_serves_except_fc():
     """The int8 head kernel (eyas.models.int8_rows) takes every projection whose K is a multiple of 64 but the fused
     taps ``fc``; its dense weight becomes the int8 rows' values, so the torch path past the kernel's rows agrees."""
     from eyas.models.int8_rows import Int8Rows, int8_head_ready
 
     if not int8_head_ready(torch.float32):
-        pytest.skip("needs AVX512-VNNI (the int8 head kernel)")
+        pytest.skip("needs the int8 head kernel (AVX2 or AVX512-VNNI)")
     head = nn.Module()
     head.fc, head.proj, head.odd = nn.Linear(192, 64, bias=False), nn.Linear(128, 64, bias=False), nn.Linear(96, 8)
     head = head.requires_grad_(False)
