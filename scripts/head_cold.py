@@ -4,9 +4,12 @@ distance (``eyas/kernels/head_i8.cpp``: weight groups ahead, 0 off).
 
 Each pass flushes the caches by writing a 160 MB buffer, then runs the head's projections (fused q|k|v, o, fused
 gate|up, down, lm_head) once at ``--rows`` rows (the cold call), then once more (the hot call); distances alternate
-pass by pass, medians over ``--passes``. Needs a float32 head on the int8 kernel (a CPU with AVX512-VNNI).
+pass by pass, medians over ``--passes``. Needs a float32 head on the int8 kernel (a CPU with AVX2).
+``--against-q8``: instead, the int8 projections (prefetch 2) against the same weights as Q8_0 blocks on the float32
+block kernel (what the head ran on an AVX2-only CPU before the int8 kernel's AVX2 body), alternating pass by pass.
 
 python scripts/head_cold.py --rows 4 --passes 15
+python scripts/head_cold.py --rows 1 --passes 21 --against-q8
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import time
 import torch
 
 import eyas
-from eyas.models.gguf_blocks import attached_blocks
+from eyas.models.gguf_blocks import GGUFBlocks, attached_blocks, quantize_q8_0
 from eyas.models.int8_rows import _kernel
 
 
@@ -27,10 +30,11 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=4)
     ap.add_argument("--passes", type=int, default=15)
     ap.add_argument("--distances", default="0,1,2,4,8")
+    ap.add_argument("--against-q8", action="store_true", help="int8 against Q8_0 blocks instead of distances")
     a = ap.parse_args()
     spec = eyas.load(dtype="float32")
     if _kernel() is None:
-        raise SystemExit("no int8 head kernel here: needs AVX512-VNNI and a C++ toolchain")
+        raise SystemExit("no int8 head kernel here: needs AVX2 and a C++ toolchain")
     head = spec.drafter.head  # the hybrid drafter's head drafter, or the head itself
     head = getattr(head, "head", head)
     ml = head.midlayer
@@ -41,24 +45,27 @@ def main() -> None:
         raise SystemExit("the head's projections are not on the int8 kernel (EYAS_HEAD_INT8=0, or a bf16 head)")
     xs = {n: torch.randn(a.rows, m.k) for n, m in mods.items()}
     flush = torch.zeros(40_000_000)
-    dists = [int(d) for d in a.distances.split(",")]
-    cold: dict[int, list[float]] = {d: [] for d in dists}
-    hot: dict[int, list[float]] = {d: [] for d in dists}
+    if a.against_q8:
+        q8 = {n: GGUFBlocks(data=quantize_q8_0(m.dequantize()), qtype=8, k=m.k) for n, m in mods.items()}
+        sides = {"int8 (prefetch 2)": (mods, 2), "Q8_0, float32 block kernel": (q8, 2)}
+    else:
+        sides = {f"prefetch {d} groups ahead": (mods, int(d)) for d in a.distances.split(",")}
+    cold: dict[str, list[float]] = {s: [] for s in sides}
+    hot: dict[str, list[float]] = {s: [] for s in sides}
     with torch.inference_mode():
         for _ in range(a.passes):
-            for d in dists:
+            for side, (projs, d) in sides.items():
                 _kernel().set_prefetch(d)
                 flush.add_(1.0)
-                for sink in (cold[d], hot[d]):
+                for sink in (cold[side], hot[side]):
                     t0 = time.perf_counter()
-                    for n, m in mods.items():
+                    for n, m in projs.items():
                         m.linear(xs[n], None)
                     sink.append(time.perf_counter() - t0)
     _kernel().set_prefetch(2)
-    print(f"the head's {len(mods)} int8 projections at {a.rows} rows, ms (median of {a.passes}): cold / hot")
-    for d in dists:
-        print(f"  prefetch {d} groups ahead: {1e3 * statistics.median(cold[d]):6.3f} / "
-              f"{1e3 * statistics.median(hot[d]):6.3f}")
+    print(f"the head's {len(mods)} projections at {a.rows} rows, ms (median of {a.passes}): cold / hot")
+    for side in sides:
+        print(f"  {side}: {1e3 * statistics.median(cold[side]):6.3f} / {1e3 * statistics.median(hot[side]):6.3f}")
 
 
 if __name__ == "__main__":
