@@ -97,8 +97,13 @@ struct Input {
   Input(const T* x, int64_t m, int64_t k) : xu(m * k), sx(m) {
     for (int64_t i = 0; i < m; ++i) sx[i] = quantize_row(x + i * k, k, xu.data() + i * k);
   }
-  // rows [i0, i0 + rows) against the group's NB weight rows ws: acc[r * NB + j]; the run prefetches
-  void pass(int64_t i0, int rows, int64_t k, const int8_t* const* ws, int32_t* acc, int64_t /*ahead*/) const {
+  // rows [i0, i0 + rows) against the group's NB weight rows ws: acc[r * NB + j]. With ahead > 0, first the
+  // group ``ahead`` bytes on (a later one's NB rows, contiguous) is asked for, in one burst.
+  void pass(int64_t i0, int rows, int64_t k, const int8_t* const* ws, int32_t* acc, int64_t ahead) const {
+    if (ahead > 0) {
+      const char* p = reinterpret_cast<const char*>(ws[0] + ahead);
+      for (int64_t o = 0; o < NB * k; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+    }
     const uint8_t* xs[MR];
     for (int r = 0; r < rows; ++r) xs[r] = xu.data() + (i0 + r) * k;
     switch (rows) {
@@ -110,7 +115,6 @@ struct Input {
       default: micro<1>(xs, ws, k, acc); break;
     }
   }
-  static constexpr bool PREFETCH_IN_PASS = false;  // run() asks for a group ahead before its passes
 };
 }  // namespace eyas_head_i8
 #endif
@@ -146,14 +150,11 @@ at::Tensor run(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sw, c
       const int64_t j0 = g * NB, nr = std::min<int64_t>(NB, n - j0);
       const int8_t* ws[NB];
       for (int64_t j = 0; j < NB; ++j) ws[j] = wd + (j0 + std::min(j, nr - 1)) * k;  // a short group repeats its last
-      const bool ahead_ok = prefetch_groups > 0 && g + prefetch_groups < g1;
-      if (ahead_ok && !Input::PREFETCH_IN_PASS) {
-        const char* p = reinterpret_cast<const char*>(wd + (j0 + prefetch_groups * NB) * k);
-        for (int64_t o = 0; o < NB * k; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-      }
+      // the group prefetch_groups on, asked for by the first pass (each body in its own way)
+      const int64_t ahead = prefetch_groups > 0 && g + prefetch_groups < g1 ? prefetch_groups * NB * k : 0;
       for (int64_t i0 = 0; i0 < m; i0 += PASS_ROWS) {
         const int rows = static_cast<int>(std::min<int64_t>(m - i0, PASS_ROWS));
-        in.pass(i0, rows, k, ws, acc, ahead_ok && i0 == 0 ? prefetch_groups * NB * k : 0);
+        in.pass(i0, rows, k, ws, acc, i0 == 0 ? ahead : 0);
         for (int r = 0; r < rows; ++r)
           for (int64_t j = 0; j < nr; ++j) {
             const int64_t col = j0 + j;

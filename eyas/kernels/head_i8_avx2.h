@@ -114,7 +114,6 @@ struct Input {
         }
       }
   }
-  static constexpr bool PREFETCH_IN_PASS = true;  // micro spreads the prefetches over its loop
 };
 
 }  // namespace eyas_head_i8
