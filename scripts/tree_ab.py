@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 
+from head_ab import Arm
+
 import eyas
 from eyas.api import Speculator
 from eyas.bench.speed import read_questions
@@ -35,20 +37,14 @@ def main() -> None:
     for spec in arms.values():
         spec.generate(questions[0], max_new_tokens=8)  # warm-up
     names = list(arms)
-    sums = {name: [0.0, 0, 0, 0] for name in [*names, "plain"]}  # decode seconds, tokens, steps, accepted
+    sums = {name: Arm(name) for name in [*names, "plain"]}  # decode time, tokens, steps, accepted (head_ab.py's)
     for i, q in enumerate(questions):
         for name in [*names[i % len(names):], *names[: i % len(names)], "plain"]:
-            r = (sized if name == "plain" else arms[name]).generate(q, max_new_tokens=a.max_new_tokens,
-                                                                   speculate=name != "plain")
-            s = sums[name]
-            s[0] += r.seconds - r.prefill_seconds
-            s[1] += r.new_tokens - 1  # the first token comes from prefill
-            s[2] += r.steps
-            s[3] += r.accepted
-    plain = sums["plain"][1] / sums["plain"][0]
-    for name, (sec, tokens, steps, accepted) in sums.items():
-        print(f"{name:60s} {tokens / sec:6.1f} tok/s  tau {1 + accepted / max(steps, 1):.3f}  "
-              f"x{tokens / sec / plain:.3f} of plain")
+            spec = sized if name == "plain" else arms[name]
+            sums[name].add(spec.generate(q, max_new_tokens=a.max_new_tokens, speculate=name != "plain"))
+    plain = sums["plain"].tok_s
+    for arm in sums.values():
+        print(f"{arm.name:60s} {arm.tok_s:6.1f} tok/s  tau {arm.tau:.3f}  x{arm.tok_s / plain:.3f} of plain")
 
 
 if __name__ == "__main__":
