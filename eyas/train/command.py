@@ -80,8 +80,11 @@ def _add_run_args(p: argparse.ArgumentParser, d: TrainConfig) -> None:
                         "held-aside eval then, as its length is not bounded")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--profile-steps", type=int, default=d.profile_steps, metavar="N",
-                   help="profile this run's steps 10 .. 9+N (0-based) with torch.profiler: OUT/profile.txt, ops by "
-                        "device time on a GPU (CPU time elsewhere); the steps train as usual")
+                   help="profile N of this run's steps (from --profile-start) with torch.profiler: OUT/profile.txt, "
+                        "ops by device time on a GPU (CPU time elsewhere); the steps train as usual")
+    p.add_argument("--profile-start", type=int, default=d.profile_start, metavar="STEP",
+                   help="the first profiled step, 0-based within this run (default %(default)s; later, e.g. 1000, "
+                        "for the steady state: with --pad-multiple the early steps still meet new batch shapes)")
     p.add_argument("--pad-multiple", type=int, default=d.pad_multiple, metavar="N",
                    help="pad each batch's length up to a multiple of N (the target then sees a few shapes, not one "
                         "per batch: on a GPU each new shape can cost cuDNN's attention a plan); padding is masked out, "
@@ -118,6 +121,8 @@ def cmd_train(a: argparse.Namespace) -> int:
         raise ValueError(f"--pad-multiple must be >= 1 (1 = pad to the longest only), got {a.pad_multiple}")
     if a.profile_steps < 0:
         raise ValueError(f"--profile-steps must be >= 0 (0 = no profile), got {a.profile_steps}")
+    if a.profile_start < 0:
+        raise ValueError(f"--profile-start must be >= 0 (a step of this run, 0-based), got {a.profile_start}")
     if a.batch_tokens < a.max_len:
         raise ValueError(f"--batch-tokens ({a.batch_tokens}) must be >= --max-len ({a.max_len})")
     cfg = TrainConfig(
@@ -130,7 +135,8 @@ def cmd_train(a: argparse.Namespace) -> int:
         feature_cache=a.feature_cache, seed=a.seed, init_head=a.init_head, widen_mlp=a.widen_mlp,
         grow_draft_vocab=a.grow_draft_vocab,
         time_budget=a.time_budget,
-        wall_budget=a.wall_budget, profile_steps=a.profile_steps, pad_multiple=a.pad_multiple,
+        wall_budget=a.wall_budget, profile_steps=a.profile_steps,
+        profile_start=a.profile_start, pad_multiple=a.pad_multiple,
     )
     train(cfg)
     return 0

@@ -71,7 +71,8 @@ class TrainConfig:
     time_budget: float | None = None
     # wall-clock seconds for the whole call (loading, steps, export): the steps get what loading and EXPORT_S leave
     wall_budget: float | None = None
-    profile_steps: int = 0  # profile steps 10 .. 9+N of this run (0-based) into OUT/profile.txt (eyas.train.profiling)
+    profile_steps: int = 0  # profile N steps of this run into OUT/profile.txt (eyas.train.profiling)
+    profile_start: int = 10  # the first of them, 0-based within this run
     pad_multiple: int = 1  # online features: batches padded to a multiple of this length (eyas.train.dataset.collate)
     extra: dict = field(default_factory=dict)
 
@@ -248,7 +249,8 @@ def _run_steps(cfg: TrainConfig, run: _Run, budget: float | None, log) -> tuple[
     bar = tqdm(total=total, initial=state["step"], desc=f"train {cfg.kind}", disable=not acc.is_main_process)
     t0 = time.time() - state["seconds"]
     t_run, start, at = time.time(), state["step"], state["step"]  # the time budget: from this run's first step
-    prof = StepProfiler(cfg.profile_steps if acc.is_main_process else 0, run.out, log=log)  # one file, rank 0
+    prof = StepProfiler(cfg.profile_steps if acc.is_main_process else 0, run.out, start=cfg.profile_start,
+                        log=log)  # one file, rank 0
     last_eval: tuple[int, dict] = (-1, {})
     while max(state["step"], at) < total:
         batches = _batches(train_ex, cfg, state["epoch"], acc.process_index, acc.num_processes)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
-import eyas.train.loop as loop
 from eyas.cli import main
 from eyas.train.profiling import LABELS, StepProfiler
 
@@ -56,18 +54,17 @@ def test_bad_counts_are_named():
 
 
 @pytest.mark.slow
-def test_train_writes_the_profile(default_target, tmp_path, monkeypatch):
+def test_train_writes_the_profile(default_target, tmp_path):
     data = tmp_path / "d.jsonl"
     qs = ["What is 2+2?", "Name three colors.", "Say hello in Spanish.", "List two fruits."]
     data.write_text("".join(json.dumps({"id": f"t:{i}", "messages": [
         {"role": "user", "content": q}, {"role": "assistant", "content": f"A short answer to: {q}"}]}) + "\n"
         for i, q in enumerate(qs)))
-    monkeypatch.setattr(loop, "StepProfiler", functools.partial(StepProfiler, start=1))  # not the 10th: 3 steps
     out = tmp_path / "run"
     assert main(["train", "--data", str(data), "--out", str(out), "--max-steps", "3", "--draft-vocab", "256",
                  "--batch-tokens", "256", "--max-len", "96", "--save-every", "100", "--eval-every", "1000",
                  "--holdout", "0", "--warmup-steps", "1", "--target-dtype", "float32", "--mixed-precision", "no",
-                 "--profile-steps", "2"]) == 0
+                 "--profile-steps", "2", "--profile-start", "1"]) == 0  # not the 10th: 3 steps
     text = (out / "profile.txt").read_text()
     assert text.startswith("steps 1..2 of this run on cpu: ")
     for label in LABELS:
@@ -80,3 +77,19 @@ def test_cli_rejects_negative_profile_steps(tmp_path, capsys):
     data.write_text("")
     assert main(["train", "--data", str(data), "--out", str(tmp_path / "o"), "--profile-steps", "-2"]) != 0
     assert "eyas: error: --profile-steps must be >= 0 (0 = no profile), got -2" in capsys.readouterr().err
+
+
+def test_cli_passes_the_window_and_rejects_a_negative_start(monkeypatch):
+    import eyas.train.command as command
+    from eyas.cli import build_parser
+
+    seen = []
+    monkeypatch.setattr(command, "train", seen.append)
+    a = build_parser().parse_args(["train", "--data", "d.jsonl", "--out", "o", "--profile-steps", "5",
+                                   "--profile-start", "1000"])
+    assert a.func(a) == 0 and (seen[0].profile_steps, seen[0].profile_start) == (5, 1000)
+    a = build_parser().parse_args(["train", "--data", "d.jsonl", "--out", "o", "--profile-steps", "5"])
+    assert a.func(a) == 0 and seen[1].profile_start == 10  # the default window: steps 10..14
+    a = build_parser().parse_args(["train", "--data", "d.jsonl", "--out", "o", "--profile-start", "-1"])
+    with pytest.raises(ValueError, match="--profile-start"):
+        a.func(a)
