@@ -29,7 +29,7 @@
 # loading 49 s, 6,508 steps, 66.4 M tokens at 150 k tok/s.
 # Environment: DATA_S (default 0, no data phase: a short one is mostly ramp, docs/heads.md; 120 s gave ~1 M
 # tokens), END_S (560: call 2 with timeout_s 600), BATCH (1024 rows of `eyas data`), TRAIN_TOKENS (16384), LR (4e-4),
-# SEED (9: GPU draws used 1, 2, 7, 4 and 8, CPU files 3, 5, 6, 10, 11, 12, 14-20 (next: 21), the held-out
+# SEED (9: GPU draws used 1, 2, 7, 4 and 8, CPU files 3, 5, 6, 10, 11, 12, 14-21 (next: 22), the held-out
 # file 13; a seed used before redraws its requests first, which the dedupe then drops). TRAIN_S, which the first two
 # draws set, is gone: END_S bounds the training.
 # WIDEN (unset): `eyas train --widen-mlp WIDEN`, the head's MLP widened before training (2,304 units since the sixth
@@ -208,7 +208,8 @@ EOF
         ${PAD:+--pad-multiple "$PAD"} --max-len 1024 \
         --batch-tokens "${TRAIN_TOKENS:-16384}" \
         --lr "${LR:-4e-4}" --warmup-steps 20 --epochs 4 --wall-budget "$wall" --save-every 100000 \
-        --eval-every 100000 --holdout 0 --seed 0 --target-dtype bfloat16 --mixed-precision bf16 --profile-steps 5 --profile-start 1000 2>&1 \
+        --eval-every 100000 --holdout 0 --seed 0 --target-dtype bfloat16 --mixed-precision bf16 \
+        --profile-steps 5 --profile-start 1000 2>&1 \
         | tr '\r' '\n' | grep --line-buffered -v '^ *$' \
         | awk '/trained|budget|loading|rror|Trace|^  File/ || NR % 100 == 1 {print; fflush()}'
     stamp "trained"
