@@ -21,7 +21,7 @@ from eyas.decode import (
     prefill_spans,
     split_spans,
 )
-from eyas.models.cpu import native_bf16
+from tests.conftest import BF16_CHUNKING
 
 from .test_lossless import prompt_ids
 
@@ -55,14 +55,9 @@ def test_long_spans_are_split_on_quantum_boundaries():
     assert EXACT_PREFILL_ROWS % PREFILL_QUANTUM == 0
 
 
-# bf16 exact mode's chunking invariance holds where bf16 is native (AVX512-BF16 / AMX); on an AVX2-only CPU, where
-# `--dtype auto` is float32, prefill chunks of 16, 128 and 512 rows do not all fill the same cache bits (a Zen 3,
-# 2026-11-30; slicing the projections to 64 rows did not fix it): a known limit of `--dtype bfloat16` there
-# (docs/benchmarks.md, first section)
-NATIVE_BF16 = pytest.mark.skipif(not native_bf16(), reason="bf16 exact mode's chunking invariance needs native bf16")
 
 
-@NATIVE_BF16
+@BF16_CHUNKING
 @pytest.mark.parametrize("kind", ("llama", "qwen3"))
 def test_bf16_exact_prefill_does_not_depend_on_the_chunking(tiny, kind, monkeypatch):
     """The cache bits and the first token are the same whatever the chunks (multi-block key lengths included)."""

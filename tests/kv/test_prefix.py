@@ -9,7 +9,7 @@ import torch
 
 from eyas.decode import PREFILL_QUANTUM, DecodeConfig, SpecDecoder, next_span
 from eyas.kv.prefix import PrefixCacheConfig, PrefixEntry, PrefixStore, common_prefix
-from eyas.models.cpu import native_bf16
+from tests.conftest import BF16_CHUNKING
 from tests.test_lossless import make_drafter, prompt_ids
 
 
@@ -110,14 +110,9 @@ def _prefill(target, prompt, store=None, drafter=None, chunk=128):
     return dec, (seq.cache.k[:, :, :, :t].clone(), seq.cache.v[:, :, :, :t].clone(), seq.history[-1].item())
 
 
-# bf16 exact mode's chunking invariance holds where bf16 is native (AVX512-BF16 / AMX); on an AVX2-only CPU, where
-# `--dtype auto` is float32, prefill chunks of 16, 128 and 512 rows do not all fill the same cache bits (a Zen 3,
-# 2026-11-30; slicing the projections to 64 rows did not fix it): a known limit of `--dtype bfloat16` there
-# (docs/benchmarks.md, first section)
-NATIVE_BF16 = pytest.mark.skipif(not native_bf16(), reason="bf16 exact mode's chunking invariance needs native bf16")
 
 
-@NATIVE_BF16
+@BF16_CHUNKING
 @pytest.mark.parametrize("kind", ("llama", "qwen3"))
 def test_a_hit_fills_the_cache_bits_of_a_full_prefill(tiny, kind):
     target = _bf16(tiny, kind)
