@@ -55,8 +55,6 @@ def test_long_spans_are_split_on_quantum_boundaries():
     assert EXACT_PREFILL_ROWS % PREFILL_QUANTUM == 0
 
 
-
-
 @BF16_CHUNKING
 @pytest.mark.parametrize("kind", ("llama", "qwen3"))
 def test_bf16_exact_prefill_does_not_depend_on_the_chunking(tiny, kind, monkeypatch):

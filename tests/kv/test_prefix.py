@@ -110,8 +110,6 @@ def _prefill(target, prompt, store=None, drafter=None, chunk=128):
     return dec, (seq.cache.k[:, :, :, :t].clone(), seq.cache.v[:, :, :, :t].clone(), seq.history[-1].item())
 
 
-
-
 @BF16_CHUNKING
 @pytest.mark.parametrize("kind", ("llama", "qwen3"))
 def test_a_hit_fills_the_cache_bits_of_a_full_prefill(tiny, kind):
