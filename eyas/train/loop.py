@@ -28,6 +28,7 @@ from tqdm import tqdm
 from eyas.train.checkpoint import resume, save_checkpoint
 from eyas.train.dataset import Example, collate, load_examples, read_conversations, split_holdout, token_batches
 from eyas.train.features import TargetFeaturizer
+from eyas.train.profiling import START as PROFILE_START
 from eyas.train.profiling import StepProfiler
 
 
@@ -72,7 +73,7 @@ class TrainConfig:
     # wall-clock seconds for the whole call (loading, steps, export): the steps get what loading and EXPORT_S leave
     wall_budget: float | None = None
     profile_steps: int = 0  # profile N steps of this run into OUT/profile.txt (eyas.train.profiling)
-    profile_start: int = 10  # the first of them, 0-based within this run
+    profile_start: int = PROFILE_START  # the first of them, 0-based within this run
     pad_multiple: int = 1  # online features: batches padded to a multiple of this length (eyas.train.dataset.collate)
     extra: dict = field(default_factory=dict)
 

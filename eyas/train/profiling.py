@@ -21,12 +21,13 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 LABELS = ("eyas.featurize", "eyas.train_step")
+START = 10  # the first profiled step unless told (past the first steps' one-time set-up)
 
 
 class StepProfiler:
     """Profiles steps ``start .. start + n - 1`` (0-based counts of this run's steps) into ``out / 'profile.txt'``."""
 
-    def __init__(self, n: int, out: Path, start: int = 10, log=print, rows: int = 40) -> None:
+    def __init__(self, n: int, out: Path, start: int = START, log=print, rows: int = 40) -> None:
         if n < 0 or start < 0:
             raise ValueError(f"--profile-steps must be >= 0 (got {n}); the first profiled step >= 0 (got {start})")
         self.n, self.start, self.out, self.log, self.rows = n, start, Path(out), log, rows
