@@ -1,5 +1,6 @@
 """Greedy losslessness of every drafter on a CUDA device (tiny random Llama; not part of CI), and exact mode's
-prefix cache: a prompt that starts with a stored one fills the same cache bits and decodes the same tokens.
+prefix cache: a prompt that starts with a stored one fills the same cache bits and decodes the same tokens; and
+training features through SDPA's causal flag (flash kernels, no cuDNN) against the explicit mask's.
 
 python scripts/gpu_check.py            # prints one line per case, exits 1 on a mismatch
 """
@@ -18,6 +19,7 @@ from eyas.drafters.ngram import NgramDrafter
 from eyas.kv.prefix import PrefixStore
 from eyas.models.config import ModelConfig
 from eyas.models.native import NativeLlama
+from eyas.train.features import TargetFeaturizer
 
 
 def tiny(seed: int, dev: str, dtype: torch.dtype) -> NativeLlama:
@@ -54,6 +56,28 @@ def prefix_cache_check(target, drafter, dev: str) -> bool:
     return same and tokens
 
 
+def features_check(dev: str) -> bool:
+    """bf16 training features (``TargetFeaturizer``: is_causal, flash or memory-efficient attention) against the
+    same forward with an explicit causal mask, on a right-padded batch of two: hidden states within bf16 rounding,
+    greedy labels mostly equal (a label can flip where two logits tie to within rounding).
+    """
+    target = tiny(0, dev, torch.bfloat16)
+    ids = torch.randint(1, 96, (2, 200), generator=torch.Generator().manual_seed(2)).to(dev)
+    ids[1, 150:] = 0
+    real = ids != 0
+    fb = TargetFeaturizer(target, (0, 1))(ids, real, real)
+    n = ids.shape[1]
+    mask = torch.ones(n, n, dtype=torch.bool, device=dev).tril().expand(2, n, n)
+    pos = torch.arange(n, device=dev)[None].expand(2, n)
+    ref = target.forward(ids, pos, target.new_cache(2, n), 0, mask=mask)
+    err = (fb.hidden.float() - ref.hidden.float()).abs().max().item()
+    labels = (fb.target_tokens[real] == ref.logits.argmax(-1)[real]).float().mean().item()
+    ok = err < 0.1 and labels > 0.97
+    print(f"training features (bf16, is_causal against a mask): max |diff| {err:.4f}, labels equal {labels:.3f}: "
+          f"{'ok' if ok else 'DIFFER'}")
+    return ok
+
+
 def main() -> int:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     print("device:", torch.cuda.get_device_name() if dev == "cuda" else "cpu", torch.__version__)
@@ -85,6 +109,7 @@ def main() -> int:
     target = tiny(0, dev, torch.bfloat16)
     bad += not prefix_cache_check(target, EagleDrafter(target_model=target, head=random_head(
         target.config, 1, torch.bfloat16).to(dev), tree="dynamic:4,4,12"), dev)
+    bad += not features_check(dev)
     print("FAIL" if bad else "OK: greedy speculative == plain on", dev)
     return 1 if bad else 0
 

@@ -51,10 +51,12 @@ class AttnMeta:
     # one-token batched decode through the compiled kernel (eyas.kernels): [B] long slots attended per row
     lengths: torch.Tensor | None = None
     kernel: object | None = None
+    # a fresh causal pass (slots 0 .. T - 1, no mask): SDPA's own is_causal, which its flash kernels take
+    causal: bool = False
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int, meta: AttnMeta,
-           is_causal: bool = False) -> torch.Tensor:
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int,
+           meta: AttnMeta) -> torch.Tensor:
     """q: [B, T, H, Dh]; k, v: [B, T, Hk, Dh] (new entries) -> [B, T, H, Dh] in q's dtype."""
     if meta.paths is not None:
         if len(meta.paths) == 1:
@@ -74,7 +76,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, la
     if keys.device.type == "cpu" and keys.dtype != torch.float32:  # a bf16 decode cache (decode_kv_dtype): torch's
         keys, values = keys.float(), values.float()  # CPU attention is several times faster in fp32, same values
     qt = q.transpose(1, 2).to(keys.dtype)  # [B, H, T, Dh]
-    y = F.scaled_dot_product_attention(qt, keys, values, attn_mask=meta.mask, is_causal=is_causal,
+    y = F.scaled_dot_product_attention(qt, keys, values, attn_mask=meta.mask, is_causal=meta.causal,
                                        enable_gqa=keys.shape[1] != qt.shape[1])
     return y.to(q.dtype).transpose(1, 2)  # cast first: for T = 1 the transpose is then free (a view)
 

@@ -138,6 +138,9 @@ class ForwardMeta:
     # the caller reads only each row's argmax (greedy decoding): a backend may return logits that are exact where
     # they can be the maximum and -inf elsewhere (eyas.models.lm_screen); argmax then equals the full logits'
     argmax_only: bool = False
+    # a fresh pass from slot 0 with no mask (training features): SDPA's own is_causal instead of an explicit
+    # [B, 1, T, T] mask, which on a GPU rules out its flash kernels (native backend; others build the mask)
+    causal: bool = False
 
 
 class TargetModel(ABC):
@@ -184,11 +187,12 @@ class TargetModel(ABC):
         """Run T new tokens after ``meta.start`` cached slots."""
 
     def forward(self, tokens, positions, cache, start, mask=None, taps=(), logits_idx=None, kv_len=None,
-                paths=None) -> ForwardOutput:
+                paths=None, causal=False) -> ForwardOutput:
         """Keyword form of ``run`` (scripts, tests): the fields of ``ForwardMeta`` as arguments."""
         if isinstance(paths, PathAttention):
             paths = [paths]
-        meta = ForwardMeta(start=start, mask=mask, paths=paths, kv_len=kv_len, logits_idx=logits_idx, taps=taps)
+        meta = ForwardMeta(start=start, mask=mask, paths=paths, kv_len=kv_len, logits_idx=logits_idx, taps=taps,
+                           causal=causal)
         return self.run(tokens, positions, cache, meta)
 
     @abstractmethod

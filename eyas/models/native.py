@@ -333,6 +333,8 @@ class NativeLlama(nn.Module, TargetModel):
         kv_len = kv_len if kv_len is not None else start + t
         if meta.row_lengths is not None and t == 1 and self.path_kernel() is not None:
             return AttnMeta(start=start, kv_len=kv_len, lengths=meta.row_lengths, kernel=self.path_kernel())
+        if meta.causal and mask is None and t > 1 and kv_len == t and isinstance(start, int) and start == 0:
+            return AttnMeta(start=0, kv_len=t, causal=True)
         if mask is None and (t > 1 or kv_len != start + t):
             mask = causal_mask(t, start, kv_len, tokens.device).expand(b, t, kv_len)
         return AttnMeta(start=start, kv_len=kv_len, mask=None if mask is None else mask[:, None])

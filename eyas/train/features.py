@@ -13,6 +13,7 @@ cache on disk written by the same code (``eyas.train.cache``, offline).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -60,7 +61,8 @@ class TargetFeaturizer:
         cache = t.new_cache(b, n)
         pos = torch.arange(n, device=dev)[None].expand(b, n)
         none = torch.zeros(0, dtype=torch.long, device=dev)  # no full [B, T, V] logits: argmax in chunks
-        out = t.forward(ids, pos, cache, 0, taps=self.tap_layers, logits_idx=none)
+        with attention_backends(dev):
+            out = t.forward(ids, pos, cache, 0, taps=self.tap_layers, logits_idx=none, causal=True)
         if self.tap_layers:
             taps = torch.stack([out.taps[i] for i in self.tap_layers], dim=2)
         else:
@@ -75,6 +77,20 @@ class TargetFeaturizer:
             input_ids=ids, attention_mask=attention_mask.to(dev), loss_mask=lm,
             hidden=out.hidden.clone(), taps=taps.clone(), target_tokens=tokens.clone(),
         )
+
+
+def attention_backends(device: torch.device):
+    """On a GPU, SDPA's flash and memory-efficient kernels only (then math). The target's pass over a batch padded
+    on the right is causal from slot 0, so it gives SDPA no mask (``causal=True``: with an explicit [B, 1, T, T]
+    mask the flash kernels cannot serve); and SDPA took cuDNN's attention there, ~2 ms of host time a call in a
+    training step on an H200 (docs/results/train_profile_gpu10.txt: a graph planned per new [B, T] shape). A no-op
+    elsewhere.
+    """
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def greedy_tokens(target, hidden: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
