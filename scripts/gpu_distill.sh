@@ -43,6 +43,9 @@
 # 1.9 ms of host time a call, and the device idled two thirds of a step; docs/heads.md). Tenth draw (PAD=64,
 # WIDEN=3072): 66.6 ms a step, 153 k tok/s from step 200 on (the eighth draw's whole run 137.5 k), the early profile
 # unchanged.
+# LAYERS (unset): `eyas train --head-layers LAYERS`, plain Llama decoder layers added after the head's first (zero
+# output weights: the same function at step 0; docs/heads.md "For the next draw"), e.g. 2; set it for both calls,
+# call 1's smoke test uses it too, and take config.json from meta.tar.gz, as for WIDEN.
 # The shipped head (the start of training) is stashed by call 1 too, so call 2's tree can leave it out.
 set -u -o pipefail
 STASH=${STASH:-/root/eyas-stash}
@@ -156,7 +159,7 @@ EOF
         --save-every 3 --time-budget 60 --target-dtype bfloat16 --mixed-precision bf16 || return 1
     python3 -m eyas train --data "$WORK/smoke-train.jsonl" --model "$tiny" --out "$WORK/smoke-run2" --max-steps 12 \
         --init-head "$WORK/smoke-run/head" ${WIDEN:+--widen-mlp "$WIDEN"} ${VOCAB:+--grow-draft-vocab "$VOCAB"} \
-        ${PAD:+--pad-multiple "$PAD"} \
+        ${PAD:+--pad-multiple "$PAD"} ${LAYERS:+--head-layers "$LAYERS"} \
         --batch-tokens 2048 --max-len 256 \
         --holdout 0 --eval-every 100000 --wall-budget 90 --target-dtype bfloat16 --mixed-precision bf16 \
         --profile-steps 2 || return 1
@@ -205,7 +208,7 @@ EOF
     stamp "training with --wall-budget $wall"
     python3 -m eyas train --data "$data" --model "$gguf" --out "$run" --kind eagle3 --ttt-steps 3 \
         --init-head "$STASH/head" ${WIDEN:+--widen-mlp "$WIDEN"} ${VOCAB:+--grow-draft-vocab "$VOCAB"} \
-        ${PAD:+--pad-multiple "$PAD"} --max-len 1024 \
+        ${PAD:+--pad-multiple "$PAD"} ${LAYERS:+--head-layers "$LAYERS"} --max-len 1024 \
         --batch-tokens "${TRAIN_TOKENS:-16384}" \
         --lr "${LR:-4e-4}" --warmup-steps 20 --epochs 4 --wall-budget "$wall" --save-every 100000 \
         --eval-every 100000 --holdout 0 --seed 0 --target-dtype bfloat16 --mixed-precision bf16 \

@@ -96,6 +96,9 @@ def make_drafter(name: str, target, kind: str, tiny) -> Drafter:
     if name.startswith("eagle3|"):  # reduced draft vocabulary: half the target's ids
         head = random_eagle3_head(target.config, draft_vocab_size=VOCAB // 2, seed=3)
         return Eagle3Drafter(target_model=target, head=head, tree=name[7:])
+    if name.startswith("eagle3_2l|"):  # two decoder layers (eyas train --head-layers), the second random too
+        head = random_eagle3_head(target.config, draft_vocab_size=VOCAB // 2, seed=3, num_layers=2)
+        return Eagle3Drafter(target_model=target, head=head, tree=name.split("|")[1])
     if name.startswith("eagle3_sharp|"):  # a confident random head: adaptive trees vary in depth and size
         return Eagle3Drafter(target_model=target, head=sharp_eagle3_head(target), tree=name.split("|")[1])
     if name.startswith("hybrid|"):  # lookup chains grafted into a random EAGLE-3 head's tree, 8 nodes
@@ -121,7 +124,7 @@ ADAPTIVE = "adaptive:2,4,0.3,0.05/0.05/0.2/0.3/0.5/0.7"  # top-k 2, depth <= 4, 
 DRAFTERS = ("ngram_b1", "ngram_b3", "draft_lm", "draft_lm_other_kind", "draft_lm_self") + tuple(
     f"eagle|{t}" for t in EAGLE_TREES
 ) + tuple(f"eagle3|{t}" for t in EAGLE_TREES[:3]) + ("hybrid|dynamic:4,4,12", f"eagle3_sharp|{ADAPTIVE}",
-                                                     f"hybrid_sharp|{ADAPTIVE}")
+                                                     f"hybrid_sharp|{ADAPTIVE}", "eagle3_2l|dynamic:4,4,12")
 
 
 @pytest.fixture(params=KINDS)
@@ -343,7 +346,8 @@ def test_tiny_token_budgets(target, n):
 # ---- exact (batch-invariant) mode -----------------------------------------------------------------
 @pytest.mark.parametrize("drafter_name",
                          (None, "ngram_b1", "ngram_b3", "eagle|dynamic:4,4,12", "eagle3|static:eagle_small",
-                          "draft_lm_self", "hybrid|dynamic:4,4,12", f"eagle3_sharp|{ADAPTIVE}"))
+                          "draft_lm_self", "hybrid|dynamic:4,4,12", f"eagle3_sharp|{ADAPTIVE}",
+                          "eagle3_2l|dynamic:4,4,12"))
 @pytest.mark.parametrize("plen", (1, 30))
 def test_exact_mode_equals_plain(tiny, kind, target, drafter_name, plen):
     p = prompt_ids(plen, seed=5)
@@ -493,7 +497,8 @@ def test_embedded_default_speculative_equals_plain(real, name, tree):
 
 # ---- exact mode in bfloat16: what it exists for -----------------------------------------------------
 @pytest.mark.parametrize("drafter_name", ("ngram_b3", "eagle|dynamic:4,4,12", "eagle|static:eagle_small",
-                                          "eagle3|dynamic:4,4,12", "hybrid|dynamic:4,4,12", "draft_lm_self"))
+                                          "eagle3|dynamic:4,4,12", "hybrid|dynamic:4,4,12", "draft_lm_self",
+                                          "eagle3_2l|dynamic:4,4,12"))
 @pytest.mark.parametrize("plen", (7, 30))
 def test_exact_mode_bf16_speculative_equals_exact_plain(tiny, kind, drafter_name, plen):
     """In bf16 a token's logits depend on the forward's width; exact mode pads plain and speculative

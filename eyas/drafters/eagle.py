@@ -150,7 +150,7 @@ class EagleDrafter(Drafter):
 
     def start(self, max_slots: int) -> None:
         c = self.head.config
-        cache = KVCache.empty(1, 1, c.num_kv_heads, max_slots + self.expansion.max_fed + 1, c.head_dim,
+        cache = KVCache.empty(c.num_layers, 1, c.num_kv_heads, max_slots + self.expansion.max_fed + 1, c.head_dim,
                               head_cache_dtype(self.head_dtype, self.target.device), self.target.device)
         self.state = _HeadState(cache=cache, n=0, root_hidden=None, root_logp=None)
 

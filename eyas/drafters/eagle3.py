@@ -27,7 +27,7 @@ from eyas.drafters.head_kernels import HeadPaths, fast_layer, fast_layer_ready
 from eyas.models.base import causal_mask
 from eyas.models.config import ModelConfig
 from eyas.models.layers import RopeTable, rms_norm
-from eyas.models.native import MLP, Attention, RMSNorm, vocab_logits
+from eyas.models.native import MLP, Attention, DecoderLayer, RMSNorm, vocab_logits
 
 
 def default_eagle3_taps(num_layers: int) -> tuple[int, int, int]:
@@ -40,7 +40,9 @@ def default_eagle3_taps(num_layers: int) -> tuple[int, int, int]:
 
 @dataclass
 class Eagle3Config:
-    """The head's shape; ``model`` holds the decoder layer's hyper-parameters (1 layer)."""
+    """The head's shape; ``model`` holds the decoder layers' hyper-parameters (``model.num_layers`` of them: the
+    first reads [norm(embedding), norm(hidden)], any later one is a plain Llama layer over the hidden state).
+    """
 
     model: ModelConfig
     draft_vocab_size: int
@@ -57,10 +59,11 @@ class Eagle3Config:
 
     @classmethod
     def for_target(cls, target_cfg: ModelConfig, draft_vocab_size: int | None = None,
-                   aux_layers: tuple[int, ...] | None = None) -> Eagle3Config:
+                   aux_layers: tuple[int, ...] | None = None, num_layers: int = 1) -> Eagle3Config:
         # the engines' EAGLE-3 layer is a plain Llama layer whatever the target family (no q/k norm,
         # no q/k/v-only bias: vLLM/TensorRT-LLM/speculators read one attention_bias flag)
-        plain = {"num_layers": 1, "model_type": "llama", "qkv_bias": False, "o_bias": False, "qk_norm": False}
+        plain = {"num_layers": num_layers, "model_type": "llama", "qkv_bias": False, "o_bias": False,
+                 "qk_norm": False}
         model = ModelConfig(**{**target_cfg.__dict__, **plain})
         return cls(model=model, draft_vocab_size=draft_vocab_size or target_cfg.vocab_size,
                    aux_layers=aux_layers or default_eagle3_taps(target_cfg.num_layers),
@@ -107,6 +110,10 @@ class Eagle3Layer(nn.Module):
 
 
 class Eagle3Head(nn.Module):
+    """fc over the target's taps, ``midlayer`` (EAGLE-3's layer), then ``extra_layers`` (plain Llama layers, none in
+    a one-layer head; the engines name them ``layers.1.`` on: eyas.formats.eagle3), ``norm``, ``lm_head``.
+    """
+
     # EAGLE-3 heads ship no embedding: the drafter embeds with the target's (EagleDrafter._embed)
     embed_tokens: nn.Module | None = None
 
@@ -116,7 +123,10 @@ class Eagle3Head(nn.Module):
         self.config = cfg.model  # what EagleDrafter sizes its cache from
         h = cfg.model.hidden_size
         self.fc = nn.Linear(len(cfg.aux_layers) * cfg.target_hidden_size, h, bias=False)
+        if cfg.model.num_layers < 1:
+            raise ValueError(f"an EAGLE-3 head has at least one decoder layer, got num_layers {cfg.model.num_layers}")
         self.midlayer = Eagle3Layer(cfg.model, cfg.norm_before_residual)
+        self.extra_layers = nn.ModuleList(DecoderLayer(cfg.model) for _ in range(cfg.model.num_layers - 1))
         self.norm = RMSNorm(h, cfg.model.rms_norm_eps)
         self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
         vd, v = cfg.draft_vocab_size, cfg.model.vocab_size
@@ -150,12 +160,19 @@ class Eagle3Head(nn.Module):
 
     def fast_ready(self) -> bool:
         """Whether ``fast_forward`` serves (fused Q8_0 blocks, the compiled kernels: a bf16 or fp32 head on a CPU)."""
-        return fast_layer_ready(self.midlayer.self_attn, self.midlayer.mlp)
+        return fast_layer_ready(self.midlayer.self_attn, self.midlayer.mlp) and all(
+            fast_layer_ready(layer.self_attn, layer.mlp) for layer in self.extra_layers)
 
     def fast_forward(self, emb, hid, positions, cache, write_start: int, paths: HeadPaths) -> torch.Tensor:
-        """emb, hid: [T, H]; positions [T]; rows attend as ``paths`` says -> [T, H] pre-norm (``forward``'s)."""
+        """emb, hid: [T, H]; positions [T]; rows attend as ``paths`` says -> [T, H] pre-norm (``forward``'s).
+        cache: the head's, one cache layer per decoder layer.
+        """
         rope = self.rope_table.rows(positions, emb.dtype, cache.max_slots)
-        return self.midlayer.fast(emb, hid.to(emb.dtype), rope, cache, write_start, paths)
+        x = self.midlayer.fast(emb, hid.to(emb.dtype), rope, cache, write_start, paths)
+        for i, layer in enumerate(self.extra_layers, start=1):
+            x = fast_layer(layer.self_attn, layer.mlp, layer.post_attention_layernorm,
+                           rms_norm(x, layer.input_layernorm), x, rope, cache, write_start, paths, layer=i)
+        return x
 
     def forward(self, emb, hid, positions, cache, start: int, mask) -> torch.Tensor:
         """emb, hid: [B, T, H]; positions [B, T]; mask [B, T, S] bool or None -> [B, T, H] pre-norm."""
@@ -164,15 +181,18 @@ class Eagle3Head(nn.Module):
         attn_mask = None if mask is None else mask[:, None]
         if attn_mask is None and t > 1:
             attn_mask = causal_mask(t, start, device=emb.device)[None, None]
-        return self.midlayer(emb, hid.to(emb.dtype), rope, cache, start, attn_mask, start + t)
+        x = self.midlayer(emb, hid.to(emb.dtype), rope, cache, start, attn_mask, start + t)
+        for i, layer in enumerate(self.extra_layers, start=1):
+            x = layer(x, rope, cache, i, start, attn_mask, start + t)
+        return x
 
 
 def random_eagle3_head(target_cfg: ModelConfig, draft_vocab_size: int | None = None, seed: int = 0,
-                       dtype=torch.float32) -> Eagle3Head:
+                       dtype=torch.float32, num_layers: int = 1) -> Eagle3Head:
     """An untrained head (tests: a random head must still be lossless). Draft vocab: a random subset."""
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    cfg = Eagle3Config.for_target(target_cfg, draft_vocab_size)
+    cfg = Eagle3Config.for_target(target_cfg, draft_vocab_size, num_layers=num_layers)
     head = Eagle3Head(cfg)
     head.set_draft_vocab(torch.randperm(target_cfg.vocab_size, generator=g)[: cfg.draft_vocab_size])
     return head.to(dtype).eval().requires_grad_(False)

@@ -112,20 +112,20 @@ def fast_layer_ready(attn: nn.Module, mlp: nn.Module) -> bool:
 
 def fast_layer(attn: nn.Module, mlp: nn.Module, post_norm: nn.Module, attn_in: torch.Tensor, residual: torch.Tensor,
                rope_rows: tuple[torch.Tensor, torch.Tensor], cache: KVCache, write_start: int,
-               paths: HeadPaths) -> torch.Tensor:
+               paths: HeadPaths, layer: int = 0) -> torch.Tensor:
     """One decoder layer for T <= FAST_ROWS rows (``fast_layer_ready`` first).
 
     attn_in: [T, D_in] bf16 or float32 (the head's dtype), what q/k/v read; residual: [T, D], what the attention
     output adds to; rope_rows: (cos, signed sin) [T, Dh] in that dtype; the rows' k and v go to slots
-    write_start .. write_start + T - 1 of ``cache`` (one layer, one sequence, float32). Returns [T, D] in the head's
-    dtype, the layer's output before any final norm.
+    write_start .. write_start + T - 1 of ``cache`` layer ``layer`` (one sequence, float32). Returns [T, D] in the
+    head's dtype, the layer's output before any final norm.
     """
     t = attn_in.shape[0]
     if t > FAST_ROWS:
         raise ValueError(f"fast_layer serves up to {FAST_ROWS} rows, got {t}")
     h, hk, dh = attn.h, attn.hk, attn.dh
     qkv = attn.__dict__["_eyas_fused"].linear(attn_in, None).view(t, h + 2 * hk, dh)
-    kc, vc = cache.k[0, 0], cache.v[0, 0]  # [Hk, S, Dh]
+    kc, vc = cache.k[layer, 0], cache.v[layer, 0]  # [Hk, S, Dh]
     q = _ops().rope_cache(qkv, rope_rows[0], rope_rows[1], kc, vc, write_start, h)  # [T, H, Dh] float32
     y = _attention().path_attention(q, kc, vc, paths.prefix, paths.slots, paths.lengths, dh**-0.5)
     x = residual + attn.o_proj(y.view(t, h * dh).to(residual.dtype))

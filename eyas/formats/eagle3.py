@@ -21,6 +21,13 @@ Weights (``model.safetensors``, no ``embed_tokens``: the head embeds with the ta
     d2t                                [Vd] int64, target_id = draft_id + d2t[draft_id]
     t2d                                [V] bool, target id is in the draft vocabulary
 
+A head of N > 1 decoder layers (``num_hidden_layers`` N) adds plain Llama layers after ``midlayer``, written
+``layers.1.*`` .. ``layers.{N-1}.*``: vLLM's names (``llama_eagle3.py`` builds ``layers.{i}`` and renames
+``midlayer.`` to ``layers.0.``) and speculators' (``models/eagle3/core.py``: the first layer, then plain decoder
+layers; its library computes eyas's logits, tests/formats/test_speculators_library.py); read also from
+TensorRT-LLM's ``midlayer.{i}.*``. SGLang's EAGLE-3 model reads ``midlayer.*`` alone and llama.cpp's eagle3 graph
+builds one layer: such a head runs on eyas, vLLM and speculators.
+
 Aux layer ids: eyas's ``aux_layers`` are vLLM's ids (id i = residual entering target
 layer i = HF ``hidden_states[i]``; ``llama.py`` captures ``hidden_states + residual``
 before layer i). config.json holds them twice: top-level
@@ -37,6 +44,7 @@ writes the ids sorted and permutes ``fc``'s column blocks to match.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -45,6 +53,14 @@ import torch
 from eyas.drafters.eagle import HeadMismatchError
 from eyas.drafters.eagle3 import Eagle3Config, Eagle3Head, default_eagle3_taps
 from eyas.formats import hf_config_dict, read_config, read_weights, save_tensors, weight_keys, write_json
+from eyas.formats.eagle3_checks import (
+    EXTRA_PREFIX,
+    check_aux,
+    check_dense_layer,
+    check_fc,
+    check_options,
+    layer_count,
+)
 from eyas.formats.speculators import (
     SPECULATORS_LAYER_PREFIX,
     flatten_speculators_config,
@@ -56,12 +72,8 @@ from eyas.models.config import ModelConfig
 
 # vLLM registry / SGLang EntryClass / SafeAILab config.json name of this layout
 ARCHITECTURE = "LlamaForCausalLMEagle3"
+_LATER_LAYER = re.compile(r"(?:layers|midlayer)\.([1-9][0-9]*)\.")
 LAYER_PREFIX = "midlayer."  # SGLang reads only this name; vLLM and TRT-LLM also read layers.0.
-# options some trainers set that eyas's Eagle3Head does not implement:
-# norm_before_fc / fc_norm / eh_proj_before_attn / return_hidden_post_norm (TRT-LLM
-# Eagle3DraftModel eagle_config), norm_output (TRT-LLM), norm_before_fc (speculators, gpt-oss)
-_UNSUPPORTED_FLAGS = ("norm_before_fc", "fc_norm", "eh_proj_before_attn", "return_hidden_post_norm",
-                      "norm_output")
 
 
 # ---- writing ------------------------------------------------------------------------------------
@@ -151,6 +163,9 @@ def engine_state_dict(
             t = t.view(d, len(aux), n // len(aux))[:, order].reshape(d, n)
         if name.startswith(LAYER_PREFIX):
             name = layer_prefix + name[len(LAYER_PREFIX) :]
+        elif name.startswith(EXTRA_PREFIX):  # extra_layers.{j}. -> layers.{j + 1}.
+            j, rest = name[len(EXTRA_PREFIX) :].split(".", 1)
+            name = f"layers.{int(j) + 1}.{rest}"
         if name == "d2t":
             t = t.long()  # int64 offsets: SafeAILab cnets.py, vLLM draft_id_to_target_id
         elif name == "t2d":
@@ -170,7 +185,7 @@ def eagle3_config_json(
     cfg.update(
         architectures=[ARCHITECTURE],
         model_type="llama",  # every engine builds a Llama layer for this architecture
-        num_hidden_layers=1,
+        num_hidden_layers=head_cfg.model.num_layers,
         tie_word_embeddings=False,  # SGLang ties lm_head to embed_tokens when true (llama_eagle3.py)
         bias=False,  # SGLang and TRT-LLM: fc bias; vLLM llama_eagle3.py: o_proj bias (config.bias)
         draft_vocab_size=head_cfg.draft_vocab_size,  # all three size lm_head from it
@@ -222,7 +237,8 @@ def canonical_state_dict(sd: dict[str, torch.Tensor]) -> tuple[dict[str, torch.T
     """Map the key names trainers and engines use onto Eagle3Head's; returns (tensors, embed_tokens).
 
     ``model.`` prefixes are dropped, ``layers.0.`` (speculators, accepted by vLLM and
-    TRT-LLM) and ``midlayer.0.`` (TRT-LLM multi-layer naming) become ``midlayer.``, and
+    TRT-LLM) and ``midlayer.0.`` (TRT-LLM multi-layer naming) become ``midlayer.``, a
+    multi-layer head's ``layers.{i}.`` / ``midlayer.{i}.`` (i >= 1) ``extra_layers.{i - 1}.``, and
     vLLM's ``draft_id_to_target_id`` becomes ``d2t``. ``embed_tokens.weight`` (SafeAILab,
     SpecForge and speculators keep a copy of the target's) is split off: eyas embeds
     with the target's own embedding.
@@ -233,6 +249,9 @@ def canonical_state_dict(sd: dict[str, torch.Tensor]) -> tuple[dict[str, torch.T
         for alias in ("layers.0.", "midlayer.0."):
             if name.startswith(alias):
                 name = LAYER_PREFIX + name[len(alias) :]
+        later = _LATER_LAYER.match(name)  # a multi-layer head's layers 1.. (vLLM, TRT-LLM names)
+        if later:
+            name = f"{EXTRA_PREFIX}{int(later.group(1)) - 1}.{name[later.end() :]}"
         if name == "draft_id_to_target_id":
             name = "d2t"
         if name == "embed_tokens.weight":
@@ -262,14 +281,14 @@ def aux_layers_from_config(cfg: dict, target_cfg: ModelConfig) -> tuple[int, ...
 
 def head_config(cfg: dict, sd: dict[str, torch.Tensor], target_cfg: ModelConfig, where) -> Eagle3Config:
     """Eagle3Config from a flat config dict and the weights, checked against the target."""
-    extra = _check_options(cfg, where)
-    _check_dense_layer(sd, where)
+    extra = check_options(cfg, where)
+    check_dense_layer(sd, where)
     fc = sd.get("fc.weight")
     if fc is None:
         raise HeadMismatchError(f"{where} is not an EAGLE-3 head: no fc.weight (keys: {sorted(sd)[:6]})")
     aux = aux_layers_from_config(cfg, target_cfg)
-    _check_fc(fc, aux, cfg, target_cfg, where)
-    _check_aux(aux, target_cfg, where)
+    check_fc(fc, aux, cfg, target_cfg, where)
+    check_aux(aux, target_cfg, where)
     vocab = cfg.get("vocab_size") or target_cfg.vocab_size
     if vocab != target_cfg.vocab_size:
         raise HeadMismatchError(
@@ -287,80 +306,15 @@ def head_config(cfg: dict, sd: dict[str, torch.Tensor], target_cfg: ModelConfig,
             f"EAGLE-3 head {where}: config.json draft_vocab_size={cfg['draft_vocab_size']} "
             f"but lm_head.weight has {lm.shape[0]} rows"
         )
+    layers = layer_count(cfg, sd, where)
     try:
-        layer = {**cfg, "model_type": "llama", "num_hidden_layers": 1, "vocab_size": vocab}
+        layer = {**cfg, "model_type": "llama", "num_hidden_layers": layers, "vocab_size": vocab}
         model = ModelConfig.from_hf(layer)
     except (KeyError, ValueError) as e:
         msg = f"EAGLE-3 head {where}: config.json cannot describe the layer ({e})"
         raise HeadMismatchError(msg) from None
     return Eagle3Config(model=model, draft_vocab_size=lm.shape[0], aux_layers=aux,
                         target_hidden_size=target_cfg.hidden_size, **extra)
-
-
-def _check_options(cfg: dict, where) -> dict:
-    """Reject layer variants Eagle3Head does not compute; returns extra Eagle3Config fields."""
-    if cfg.get("num_hidden_layers", 1) != 1:
-        raise HeadMismatchError(
-            f"EAGLE-3 head {where} has {cfg['num_hidden_layers']} decoder layers; eyas's "
-            "Eagle3Head has one (num_hidden_layers 1)"
-        )
-    eagle = cfg.get("eagle_config") or {}
-    if eagle.get("use_aux_hidden_state") is False:
-        raise HeadMismatchError(
-            f"EAGLE-3 head {where} sets use_aux_hidden_state=false (no fc fusion); eyas's "
-            "Eagle3Head always fuses the target's aux layers"
-        )
-    flags = [k for k in _UNSUPPORTED_FLAGS if cfg.get(k) or eagle.get(k)]
-    if flags:
-        raise HeadMismatchError(
-            f"EAGLE-3 head {where} sets {', '.join(flags)}, which eyas's Eagle3Head does not "
-            "implement: retrain without it or extend eyas.drafters.eagle3"
-        )
-    # vLLM llama_eagle3.py: residual = hidden_norm(hidden) instead of the raw hidden when true
-    return {"norm_before_residual": bool(cfg.get("norm_before_residual", False))}
-
-
-def _check_dense_layer(sd: dict[str, torch.Tensor], where) -> None:
-    """Refuse a mixture-of-experts draft layer before loading it (its keys are not a Llama MLP's)."""
-    moe = sorted(k for k in sd if ".experts." in k or ".router." in k or k.endswith("mlp.gate.weight"))
-    if moe:
-        raise HeadMismatchError(
-            f"EAGLE-3 head {where}: its decoder layer is a mixture of experts (e.g. {moe[0]}); eyas's "
-            "Eagle3Head computes a dense Llama layer only, so this architecture is not supported"
-        )
-
-
-def _check_fc(fc: torch.Tensor, aux: tuple[int, ...], cfg: dict, target_cfg: ModelConfig, where) -> None:
-    d, n = fc.shape
-    k, h = len(aux), target_cfg.hidden_size
-    # the target hidden size the head was trained for (engines: target_hidden_size, else hidden_size)
-    trained = cfg.get("target_hidden_size") or cfg.get("hidden_size") or n // k
-    if trained != h or n % h:
-        raise HeadMismatchError(
-            f"EAGLE-3 head {where} fuses features of hidden size {trained} (fc.weight "
-            f"{tuple(fc.shape)}) but the target's hidden size is {h}: this head was trained "
-            "for a different target model"
-        )
-    if n != k * h:
-        raise HeadMismatchError(
-            f"EAGLE-3 head {where}: config.json lists {k} aux layers {list(aux)} but fc.weight "
-            f"{tuple(fc.shape)} fuses {n // h} target features: fix "
-            "eagle_aux_hidden_state_layer_ids"
-        )
-    if d != h:
-        raise HeadMismatchError(
-            f"EAGLE-3 head {where} has hidden size {d} but the target's hidden size is {h}; "
-            "eyas's Eagle3Head embeds with the target's embedding, so they must be equal"
-        )
-
-
-def _check_aux(aux: tuple[int, ...], target_cfg: ModelConfig, where) -> None:
-    n = target_cfg.num_layers
-    if any(not 0 <= i < n for i in aux):
-        raise HeadMismatchError(
-            f"EAGLE-3 head {where} reads target layers {list(aux)} but the target has {n} "
-            f"layers (ids 0..{n - 1}): this head was trained for a different (deeper) target"
-        )
 
 
 def _load_weights(head: Eagle3Head, sd: dict[str, torch.Tensor], where) -> None:

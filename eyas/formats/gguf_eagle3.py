@@ -78,6 +78,11 @@ def check_gguf_portable(head: Eagle3Head) -> None:
     """Raise ValueError for what llama.cpp's eagle3 graph cannot compute (it has no bias tensors)."""
     check_portable(head, speculators=True)  # the engines' common limits; norm_before_residual is fine here
     m = head.cfg.model
+    if m.num_layers != 1:
+        raise ValueError(
+            f"cannot write this EAGLE-3 head as GGUF: it has {m.num_layers} decoder layers, and llama.cpp's eagle3 "
+            "graph (src/models/eagle3.cpp) builds one; vLLM loads it (eyas convert --to eagle3)"
+        )
     if m.qkv_bias or m.o_bias:
         raise ValueError(
             "cannot write this EAGLE-3 head as GGUF: its attention has biases, and llama.cpp's eagle3 "

@@ -68,7 +68,7 @@ def speculators_config_json(
     layer = hf_config_dict(head_cfg.model, dtype)
     # the layer is a Llama decoder layer whatever the target family (vLLM builds
     # Eagle3LlamaForCausalLM from it; speculators' converter writes a LlamaConfig)
-    layer.update(model_type="llama", num_hidden_layers=1, tie_word_embeddings=False)
+    layer.update(model_type="llama", num_hidden_layers=head_cfg.model.num_layers, tie_word_embeddings=False)
     return {
         "architectures": ["Eagle3Speculator"],  # Eagle3SpeculatorConfig.architectures default
         "speculators_model_type": "eagle3",  # vLLM: SUPPORTED_SPECULATORS_TYPES key

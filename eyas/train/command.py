@@ -56,6 +56,10 @@ def _add_recipe_args(p: argparse.ArgumentParser, d: TrainConfig) -> None:
     p.add_argument("--widen-mlp", type=int, default=None, metavar="UNITS",
                    help="eagle3 with --init-head: give the head's MLP this many units before training (more "
                         "capacity, same function at step 0: new units start with zero output weights)")
+    p.add_argument("--head-layers", type=int, default=None, metavar="N",
+                   help="eagle3 with --init-head: give the head N decoder layers before training (the new ones "
+                        "plain Llama layers after its first, the same function at step 0: zero output weights). "
+                        "vLLM loads such a head; SGLang and llama.cpp load one layer")
     p.add_argument("--grow-draft-vocab", type=int, default=None, metavar="IDS",
                    help="eagle3 with --init-head: grow the head's draft vocabulary to IDS target ids first (its ids "
                         "kept with their rows, the most frequent other assistant tokens of --data added, their rows "
@@ -107,6 +111,10 @@ def cmd_train(a: argparse.Namespace) -> int:
         raise ValueError(f"--init-head continues an EAGLE-3 head; --kind is {a.kind}")
     if a.widen_mlp is not None and a.init_head is None:
         raise ValueError("--widen-mlp widens the head given by --init-head; pass --init-head HEAD_DIR")
+    if a.head_layers is not None and a.init_head is None:
+        raise ValueError("--head-layers adds layers to the head given by --init-head; pass --init-head HEAD_DIR")
+    if a.head_layers is not None and a.head_layers < 1:
+        raise ValueError(f"--head-layers must be >= 1, got {a.head_layers}")
     if a.grow_draft_vocab is not None and a.init_head is None:
         raise ValueError("--grow-draft-vocab grows the head given by --init-head; pass --init-head HEAD_DIR "
                          "(a new head takes --draft-vocab)")
@@ -133,7 +141,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         miss_weight=a.miss_weight, medusa_heads=a.medusa_heads, save_every=a.save_every,
         eval_every=a.eval_every, holdout=a.holdout, eval_tokens=a.eval_tokens, eval_tree=a.eval_tree,
         feature_cache=a.feature_cache, seed=a.seed, init_head=a.init_head, widen_mlp=a.widen_mlp,
-        grow_draft_vocab=a.grow_draft_vocab,
+        head_layers=a.head_layers, grow_draft_vocab=a.grow_draft_vocab,
         time_budget=a.time_budget,
         wall_budget=a.wall_budget, profile_steps=a.profile_steps,
         profile_start=a.profile_start, pad_multiple=a.pad_multiple,

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eyas.drafters.eagle3 import Eagle3Head, Eagle3Layer
-from eyas.models.native import rope_tables
+from eyas.models.native import DecoderLayer, rope_tables
 from eyas.train.features import FeatureBatch
 
 LABEL_TEMPERATURE_MAX = 10.0  # labels hotter than this are all but uniform over the draft vocabulary
@@ -76,15 +76,17 @@ def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
 
 
 class TTTAttention:
-    """Attention of one TTT step over step-0 causal keys plus the diagonal keys of steps 1..k."""
+    """Attention of one TTT step over step-0 causal keys plus the diagonal keys of steps 1..k (one per layer)."""
 
     def __init__(self, attn) -> None:
-        self.a = attn  # eyas.models.native.Attention with 2H inputs
+        self.a = attn  # eyas.models.native.Attention (2H inputs in the first layer, H in later ones)
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
 
     def __call__(self, x2: torch.Tensor, rope) -> torch.Tensor:
-        """x2: [B, T, 2H]; rope: (cos, sin) [B, 1, T, Dh] at positions t + k -> [B, T, H]."""
+        """x2: [B, T, 2H] (the first layer; [B, T, H] a later one); rope: (cos, sin) [B, 1, T, Dh] at positions
+        t + k -> [B, T, H].
+        """
         a = self.a
         b, t, _ = x2.shape
         q, k, v = a.project(x2, rope)  # the inference layer's own projections
@@ -103,6 +105,27 @@ class TTTAttention:
         return a.o_proj(y.transpose(1, 2).reshape(b, t, a.h * a.dh))
 
 
+class TTTLayers:
+    """The head's decoder layers over TTT steps, one ``TTTAttention`` (keys kept step to step) per layer: EAGLE-3's
+    ``midlayer``, then any plain layers after it (``Eagle3Head.extra_layers``).
+    """
+
+    def __init__(self, head: Eagle3Head) -> None:
+        self.head = head
+        self.attns = [TTTAttention(head.midlayer.self_attn), *(TTTAttention(x.self_attn) for x in head.extra_layers)]
+
+    def __call__(self, emb: torch.Tensor, hid: torch.Tensor, rope) -> torch.Tensor:
+        """emb: [B, T, H] the step's token embeddings; hid: [B, T, H] the previous step's output (step 0: fc of the
+        taps); rope at positions t + k -> [B, T, H] this step's pre-norm output.
+        """
+        first = self.head.midlayer
+        hid = first.finish(hid, self.attns[0](first.attn_input(emb, hid), rope))
+        for layer, attn in zip(self.head.extra_layers, self.attns[1:], strict=True):
+            hid = hid + attn(layer.input_layernorm(hid), rope)
+            hid = hid + layer.mlp(layer.post_attention_layernorm(hid))
+        return hid
+
+
 @torch.no_grad()
 def widen_mlp(head: Eagle3Head, units: int, seed: int = 0) -> Eagle3Head:
     """The head with ``units`` MLP units instead of I, computing the same function (net2net-style growth).
@@ -113,6 +136,9 @@ def widen_mlp(head: Eagle3Head, units: int, seed: int = 0) -> Eagle3Head:
     which the engines read from config.json's intermediate_size.
     """
     mlp, old = head.midlayer.mlp, head.cfg.model.intermediate_size
+    if len(head.extra_layers) and units != old:
+        raise ValueError("--widen-mlp widens a one-layer head's MLP; this head has "
+                         f"{head.cfg.model.num_layers} layers (widen it first, then add layers)")
     if units < old:
         raise ValueError(f"--widen-mlp {units} is narrower than the head's MLP ({old} units): it only widens")
     if units == old:
@@ -130,6 +156,40 @@ def widen_mlp(head: Eagle3Head, units: int, seed: int = 0) -> Eagle3Head:
     down = mlp.down_proj.weight  # [H, I]
     layer.mlp.down_proj.weight.copy_(torch.cat([down.float(), down.new_zeros(down.shape[0], units - old).float()], 1))
     head.cfg, head.config, head.midlayer = cfg, cfg.model, layer
+    return head.train(head.training).requires_grad_(any(p.requires_grad for p in head.fc.parameters()))
+
+
+@torch.no_grad()
+def add_layers(head: Eagle3Head, layers: int, seed: int = 0) -> Eagle3Head:
+    """The head with ``layers`` decoder layers in all, computing the same function (the new ones appended).
+
+    Each new layer is a plain Llama layer after the last (its q/k/v and gate/up random at the first layer's
+    scale, norms 1), with zero o_proj and down_proj: it adds exactly nothing at step 0 (drafts and tau unchanged),
+    and o_proj and down_proj take gradients at once (their inputs are not zero), then the rest. The engines read
+    the count from config.json's num_hidden_layers (eyas.formats.eagle3: vLLM loads such a head).
+    """
+    have = head.cfg.model.num_layers
+    if layers < have:
+        raise ValueError(f"--head-layers {layers} is fewer than the head's {have} decoder layers: it only adds")
+    if layers == have:
+        return head
+    cfg = replace(head.cfg, model=replace(head.cfg.model, num_layers=layers))
+    first = head.midlayer
+    ref = first.mlp.down_proj.weight
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(layers - have):
+        layer = DecoderLayer(cfg.model).to(ref)
+        a = layer.self_attn
+        for name in ("q_proj", "k_proj", "v_proj"):  # the first layer's reads 2H: its scale, H columns
+            w = getattr(a, name).weight
+            w.copy_(torch.randn(w.shape, generator=g) * getattr(first.self_attn, name).weight.float().std())
+        for name in ("gate_proj", "up_proj"):
+            w = getattr(layer.mlp, name).weight
+            w.copy_(torch.randn(w.shape, generator=g) * getattr(first.mlp, name).weight.float().std())
+        a.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+        head.extra_layers.append(layer)
+    head.cfg, head.config = cfg, cfg.model
     return head.train(head.training).requires_grad_(any(p.requires_grad for p in head.fc.parameters()))
 
 
@@ -234,7 +294,7 @@ class Eagle3Objective:
             row[rows[0]] = torch.arange(p.shape[0], device=valid.device)
             row = row.view(b, t)
         pos = torch.arange(t, device=emb.device)[None].expand(b, t)
-        attn = TTTAttention(head.midlayer.self_attn)
+        layers = TTTLayers(head)
         hid = F.linear(batch.taps.flatten(-2).to(dt) * self.tap_scale.to(emb.device, dt), head.fc.weight)  # [B, T, H]
         total = emb.new_zeros((), dtype=torch.float32)
         stats: dict[str, torch.Tensor] = {}
@@ -243,8 +303,7 @@ class Eagle3Objective:
         for k in range(cfg.ttt_steps):
             e = shift_left(emb, 1 + k)
             rope = rope_tables(head.inv_freq, pos + k, dt)
-            x = head.midlayer.attn_input(e, hid)
-            hid = head.midlayer.finish(hid, attn(x, rope))
+            hid = layers(e, hid, rope)
             if cfg.align_topk:  # position t's step-k label (token t+2+k) counts where the tree could reach it
                 m = shift_left(valid, 1 + k, False) & reach  # [B, T]
                 sel, n = m.flatten().nonzero()[:, 0], m.sum().clamp(min=1)

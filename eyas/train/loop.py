@@ -66,6 +66,8 @@ class TrainConfig:
     init_head: str | None = None  # eagle3: continue this exported head (its weights and draft vocabulary)
     # eagle3 with init_head: widen its MLP to this many units first, the same function (eyas.train.eagle3.widen_mlp)
     widen_mlp: int | None = None
+    # eagle3 with init_head: this many decoder layers, new ones added as no-ops first (eyas.train.eagle3.add_layers)
+    head_layers: int | None = None
     # eagle3 with init_head: grow its draft vocabulary to this many ids first (eyas.train.eagle3.grow_draft_vocab)
     grow_draft_vocab: int | None = None
     # wall-clock seconds for this run's steps: the schedule runs at max(step, time) progress and ends on time

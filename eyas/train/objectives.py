@@ -15,12 +15,14 @@ def build_objective(cfg, target, train_ex: list[Example]):
     tc = target.config
     if cfg.kind == "eagle3":
         from eyas.drafters.eagle3 import Eagle3Config, Eagle3Head
-        from eyas.train.eagle3 import Eagle3LossConfig, Eagle3Objective, grow_draft_vocab, widen_mlp
+        from eyas.train.eagle3 import Eagle3LossConfig, Eagle3Objective, add_layers, grow_draft_vocab, widen_mlp
 
         if cfg.init_head:  # continue an exported head: its draft vocabulary and taps
             head = _load_head(cfg.init_head, target)
             if cfg.widen_mlp:
                 head = widen_mlp(head, cfg.widen_mlp, cfg.seed)
+            if cfg.head_layers:
+                head = add_layers(head, cfg.head_layers, cfg.seed)
             if cfg.grow_draft_vocab:  # the head's ids first, then the data's most frequent others
                 ids, _ = draft_vocab(train_ex, tc.vocab_size, cfg.grow_draft_vocab, always=head.draft_ids().tolist())
                 head = grow_draft_vocab(head, target.lm_head_proj.weight, ids)

@@ -370,7 +370,7 @@ def test_head_for_a_deeper_target(tiny, tmp_path):
     "edit, match",
     [
         (lambda c: {**c, "eagle_aux_hidden_state_layer_ids": [0, 1]}, "lists 2 aux layers"),
-        (lambda c: {**c, "num_hidden_layers": 2}, "2 decoder layers"),
+        (lambda c: {**c, "num_hidden_layers": 2}, "num_hidden_layers 2 but the weights hold 1 decoder layer"),
         (lambda c: {**c, "eagle_config": {**c["eagle_config"], "norm_before_fc": True}}, "norm_before_fc"),
         (lambda c: {**c, "draft_vocab_size": 100}, "draft_vocab_size=100"),
         (lambda c: {**c, "intermediate_size": 256}, "does not match the weights"),

@@ -34,9 +34,9 @@ def _require_speculators() -> None:
         pytest.skip("speculators not installed (scripts/setup.sh installs it)")
 
 
-def _head(cfg, norm_before_residual: bool, seed: int = 3) -> Eagle3Head:
+def _head(cfg, norm_before_residual: bool, seed: int = 3, num_layers: int = 1) -> Eagle3Head:
     g = torch.Generator().manual_seed(seed)
-    base = Eagle3Config.for_target(cfg, VD, (0, 1, 2))
+    base = Eagle3Config.for_target(cfg, VD, (0, 1, 2), num_layers=num_layers)
     head = Eagle3Head(Eagle3Config(base.model, VD, base.aux_layers, base.target_hidden_size, norm_before_residual))
     head.set_draft_vocab(torch.randperm(cfg.vocab_size, generator=g)[:VD])
     with torch.no_grad():
@@ -49,7 +49,7 @@ def _head(cfg, norm_before_residual: bool, seed: int = 3) -> Eagle3Head:
 def _eyas_logits(head: Eagle3Head, emb, taps, t: int) -> torch.Tensor:
     """[T, Vd] draft logits of step 0 at positions 0..T-1 (causal, fresh cache)."""
     c = head.cfg.model
-    cache = KVCache.empty(1, 1, c.num_kv_heads, t, c.head_dim, torch.float32)
+    cache = KVCache.empty(c.num_layers, 1, c.num_kv_heads, t, c.head_dim, torch.float32)
     out = head(emb, head.fuse(taps), torch.arange(t)[None], cache, 0, None)
     return head.logits(out)[0]
 
@@ -67,20 +67,22 @@ def _speculators_logits(model, emb, taps, t: int) -> torch.Tensor:
     states = torch.cat([emb, hidden], dim=-1)
     pos = torch.arange(t)[None]
     mask = torch.full((t, t), float("-inf")).triu(1)[None, None]
-    out = model.layers[0](states, attention_mask=mask, position_ids=pos,
-                          position_embeddings=model.rotary_emb(states, pos))
+    rope = model.rotary_emb(states, pos)
+    out = model.layers[0](states, attention_mask=mask, position_ids=pos, position_embeddings=rope)
+    for layer in model.layers[1:]:  # a multi-layer head's plain Llama layers (core.py: "remaining layers")
+        out = layer(out, attention_mask=mask, position_ids=pos, position_embeddings=rope)
     return model.lm_head(model.norm(out))[0]
 
 
-@pytest.mark.parametrize("norm_before_residual", [False, True])
-def test_speculators_loads_the_export_and_agrees(tiny, tmp_path, norm_before_residual):
+@pytest.mark.parametrize("norm_before_residual, num_layers", [(False, 1), (True, 1), (False, 2)])
+def test_speculators_loads_the_export_and_agrees(tiny, tmp_path, norm_before_residual, num_layers):
     _require_speculators()
     from speculators import SpeculatorModel
 
     hf = tiny.hf("llama")
     hf.save_pretrained(tmp_path / "target")  # the verifier, named by its directory
     target = tiny.native("llama")
-    head = _head(target.config, norm_before_residual)
+    head = _head(target.config, norm_before_residual, num_layers=num_layers)
     save_eagle3(head, tmp_path / "head", target_name=str(tmp_path / "target"), dtype=torch.float32,
                 speculators=True)
     model = SpeculatorModel.from_pretrained(str(tmp_path / "head")).eval()
@@ -91,6 +93,7 @@ def test_speculators_loads_the_export_and_agrees(tiny, tmp_path, norm_before_res
     assert model.config.eagle_aux_hidden_state_layer_ids == [0, 1, 2]
     assert model.config.norm_before_residual is norm_before_residual
     assert torch.equal(model.d2t, head.d2t) and torch.equal(model.t2d, head.t2d)
+    assert len(model.layers) == num_layers
 
     t = 7
     g = torch.Generator().manual_seed(5)

@@ -8,7 +8,7 @@ import torch
 
 from eyas.drafters.eagle3 import random_eagle3_head
 from eyas.kv.static import KVCache
-from eyas.train.eagle3 import Eagle3LossConfig, Eagle3Objective, TTTAttention, shift_left
+from eyas.train.eagle3 import Eagle3LossConfig, Eagle3Objective, TTTLayers, shift_left
 from eyas.train.features import TargetFeaturizer
 
 
@@ -26,27 +26,27 @@ def _ttt_outputs(head, target, batch, steps: int) -> list[torch.Tensor]:
     emb = target.embed(batch.input_ids)
     b, t = batch.input_ids.shape
     pos = torch.arange(t)[None].expand(b, t)
-    attn = TTTAttention(head.midlayer.self_attn)
+    layers = TTTLayers(head)
     hid, outs = head.fuse(batch.taps), []
     for k in range(steps):
-        x = head.midlayer.attn_input(shift_left(emb, 1 + k), hid)
-        hid = head.midlayer.finish(hid, attn(x, rope_tables(head.inv_freq, pos + k, emb.dtype)))
+        hid = layers(shift_left(emb, 1 + k), hid, rope_tables(head.inv_freq, pos + k, emb.dtype))
         outs.append(hid)
     return outs
 
 
 @torch.no_grad()
-def test_ttt_unroll_equals_inference_chain(tiny):
-    """Step k at position t == the head run at depth k+1 of a chain drafted from position t."""
+@pytest.mark.parametrize("num_layers", (1, 2))
+def test_ttt_unroll_equals_inference_chain(tiny, num_layers):
+    """Step k at position t == the head run at depth k+1 of a chain drafted from position t (every layer)."""
     target = tiny.native("llama", seed=0)
-    head = random_eagle3_head(target.config, draft_vocab_size=128, seed=2)
+    head = random_eagle3_head(target.config, draft_vocab_size=128, seed=2, num_layers=num_layers)
     batch = _batch(target, head, n=20, b=1)
     steps = 4
     outs = _ttt_outputs(head, target, batch, steps)
     ids = batch.input_ids[0]
     c = head.config
     for t in (0, 5, 11):
-        cache = KVCache.empty(1, 1, c.num_kv_heads, 64, c.head_dim, torch.float32)
+        cache = KVCache.empty(num_layers, 1, c.num_kv_heads, 64, c.head_dim, torch.float32)
         # committed prefix: slots 0..t hold (embed(x[s+1]), fc(taps[s]))
         emb = target.embed(ids[1 : t + 2][None])
         h = head(emb, head.fuse(batch.taps[:, : t + 1]), torch.arange(t + 1)[None], cache, 0, None)
