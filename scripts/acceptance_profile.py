@@ -22,64 +22,7 @@ from pathlib import Path
 
 import torch
 
-
-@torch.inference_mode()
-def ranks_along(target, head, ids: torch.Tensor, depths: int) -> torch.Tensor:
-    """ids [T] (prompt + answer) -> [depths, T] rank of the true token x[t + 2 + k] at step k (-1: off the vocab)."""
-    from eyas.models.native import rope_tables
-    from eyas.train.eagle3 import TTTAttention, shift_left
-
-    t = ids.shape[0]
-    pos = torch.arange(t)[None]
-    aux = head.cfg.aux_layers
-    out = target.forward(ids[None], pos, target.new_cache(1, t), 0, None, aux)
-    dt = head.fc.weight.dtype
-    hid = head.fuse(torch.stack([out.taps[i] for i in aux], dim=-2))  # [1, T, H]
-    emb = target.embed(ids[None]).to(dt)
-    attn = TTTAttention(head.midlayer.self_attn)
-    draft_of = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
-    draft_of[head.draft_ids()] = torch.arange(head.draft_ids().shape[0])
-    rows = []
-    for k in range(depths):
-        rope = rope_tables(head.inv_freq, pos + k, dt)
-        hid = head.midlayer.finish(hid, attn(head.midlayer.attn_input(shift_left(emb, 1 + k), hid), rope))
-        logits = head.logits(hid)[0].float()  # [T, Vd]
-        true = draft_of[shift_left(ids[None], 2 + k)[0]]  # [T] draft index of the true token, -1 if none
-        own = logits.gather(1, true.clamp(min=0)[:, None])
-        rank = (logits > own).sum(1)
-        rows.append(torch.where(true >= 0, rank, -1))
-    return torch.stack(rows)
-
-
-def path_reach(ranks: torch.Tensor, first: int, max_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Which depths a tree of max_rank children a level reaches along one text, at every answer position.
-
-    ranks [D, T] from ranks_along; first = the prompt's length - 1 (the head at position t drafts x[t + 2 ...], the
-    root x[t + 1] being the target's). Returns (reached [D, P], kept [D, P]) for P = T - 2 - first positions:
-    depth k is reached while it lies inside the text and every depth above it was drafted (rank < max_rank; deeper
-    depths are not conditioned on a drafted path otherwise), and kept where its own rank is < max_rank too.
-    """
-    d, t = ranks.shape
-    pos = torch.arange(first, t - 2)  # [P]
-    r = ranks[:, first : t - 2]  # [D, P]
-    inside = torch.arange(d)[:, None] < (t - 2 - pos)[None]  # depth k exists: x[t + 2 + k] is in the text
-    kept = inside & (r >= 0) & (r < max_rank)
-    above = torch.cat([torch.ones_like(kept[:1]), kept[:-1]]).cumprod(0).bool()  # every depth above was kept
-    reached = inside & above
-    return reached, kept & reached
-
-
-def depth_counts(ranks: torch.Tensor, first: int, max_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(seen [D], hits [D, max_rank]) along one text: hits[k, r] counts depth k reached, the true token at rank r."""
-    reached, kept = path_reach(ranks, first, max_rank)
-    r = ranks[:, first : ranks.shape[1] - 2].clamp(0, max_rank - 1)
-    hits = torch.zeros(ranks.shape[0], max_rank).scatter_add_(1, r, kept.float())
-    return reached.sum(1).float(), hits
-
-
-def top1_chains(ranks: torch.Tensor, first: int) -> torch.Tensor:
-    """[P] the head's accepted top-1 chain at every answer position (leading depths where its top-1 was the truth)."""
-    return path_reach(ranks, first, 1)[1].sum(0)
+from eyas.train.profile import depth_counts, path_reach, rank_accept, ranks_along, top1_chains  # noqa: F401
 
 
 def replay_trees(target, head_dir: Path, texts, top_ks, depth: int, max_total: int) -> dict:
@@ -120,24 +63,21 @@ def main() -> None:
     target = spec.target.model
     head = load_eagle3(Path(a.head), target.config, target.dtype).float()
     qs = [json.loads(line)["turns"][0] for line in open(a.questions)][: a.limit]
-    hits = torch.zeros(a.depths, a.ranks)
-    seen = torch.zeros(a.depths)
     texts = []
     for q in qs:
         prompt = spec.encode(q)
         answer = spec.generate(q, max_new_tokens=a.max_new_tokens, speculate=False).token_ids
         ids = torch.cat([prompt, torch.tensor(answer, dtype=torch.long)])
         texts.append((ids, prompt.shape[0]))
-        n_seen, n_hits = depth_counts(ranks_along(target, head, ids, a.depths), prompt.shape[0] - 1, a.ranks)
-        seen, hits = seen + n_seen, hits + n_hits
-    profile = (hits / seen.clamp(min=1)[:, None]).tolist()
+    # the answer starts after the prompt: rank_accept's ``first`` is the prompt's last position
+    profile, seen = rank_accept(target, head, [(ids, p - 1) for ids, p in texts], a.depths, a.ranks)
     tree_tau = replay_trees(target, Path(a.head), texts, tuple(int(k) for k in a.top_ks.split(",")), a.depths,
                             a.max_total)
     out = Path(a.out or Path(a.head) / "profile.json")
     out.write_text(json.dumps({
         "rank_accept": [[round(p, 4) for p in row] for row in profile],
         "weights": weights_digest(Path(a.head)),  # eyas.autotree ignores the profile once the weights change
-        "positions_per_depth": seen.long().tolist(),
+        "positions_per_depth": seen,
         "tree_tau": {f"{k},{d},{t}": round(v, 4) for (k, d, t), v in tree_tau.items()},
         "measured_on": f"{len(qs)} questions of {a.questions}, {a.max_new_tokens} greedy tokens, target {a.dtype}",
         "command": "python scripts/acceptance_profile.py --head HEAD --questions tune.jsonl "

@@ -290,11 +290,13 @@ def _finish(cfg: TrainConfig, objective, loaded, hold_ex: list, state: dict, las
     """The main process's end of a run: export the head, the final eval (unless a wall budget forbids it), the
     summary file and the curve. Fills ``summary`` in place.
     """
-    from eyas.train.objectives import export_head
+    from eyas.train.objectives import export_head, export_profile
 
     out = Path(cfg.out_dir)
     export_head(cfg, objective, loaded, out / "head")  # first: an eval cut short by a time limit keeps it
     summary["head"] = str(out / "head")
+    if cfg.kind == "eagle3":  # the acceptance the tree sizing reads at load (eyas.autotree)
+        export_profile(loaded.model, hold_ex, out / "head", log)
     if last_eval[0] == state["step"]:
         summary["eval"] = last_eval[1]
     elif cfg.wall_budget is not None:  # an eval's length is not bounded: it has no place in a wall budget

@@ -148,3 +148,35 @@ def export_head(cfg, objective, loaded, out: Path) -> None:
         save_eagle1(head, out.with_name(out.name + "_vllm"), target_name=name, layout="vllm")  # vLLM's layout
     else:
         objective.save(out)
+
+
+def answer_text(ex: Example) -> tuple[torch.Tensor, int] | None:
+    """A conversation cut after its first answer -> (ids, first), the answer starting at ``first + 1`` (what
+    eyas.train.profile measures along); None when it has no answer.
+    """
+    learn = ex.loss_mask.nonzero()[:, 0]
+    if learn.numel() == 0:
+        return None
+    first = int(learn[0])
+    gaps = (learn[1:] - learn[:-1] != 1).nonzero()  # where the first answer's run of positions ends
+    last = int(learn[int(gaps[0, 0])]) if gaps.numel() else int(learn[-1])
+    return ex.input_ids[: last + 2], first
+
+
+def export_profile(target, hold_ex: list[Example], out: Path, log=print) -> Path | None:
+    """EAGLE-3 on a CPU: ``out/profile.json`` for the exported head (its file's weights) from the held-aside
+    conversations' first answers (eyas.train.profile), so ``eyas generate --drafter OUT/head`` sizes its tree to the
+    machine at load. None (and a log line) without held-aside conversations or off a CPU.
+    """
+    texts = [t for t in map(answer_text, hold_ex) if t is not None]
+    if not texts or target.device.type != "cpu":
+        why = "no held-aside conversations" if not texts else "the target is not on a CPU"
+        log(f"no profile.json for {out} ({why}): its tree is sized at load only with one "
+            "(scripts/acceptance_profile.py --head ... --questions ...)")
+        return None
+    from eyas.formats.eagle3 import load_eagle3
+    from eyas.train.profile import write_profile
+
+    head = load_eagle3(out, target.config, torch.float32)
+    return write_profile(out, target, head, texts, f"{len(texts)} held-aside conversations' first answers "
+                         "(eyas train), teacher-forced")

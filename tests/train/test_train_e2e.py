@@ -43,7 +43,7 @@ def _state(out: Path) -> dict:
     return json.loads((out / "checkpoint" / "state.json").read_text())
 
 
-def test_train_resume_and_export(data, tmp_path, capsys):
+def test_train_resume_and_export(data, tmp_path, capsys, monkeypatch, default_target):
     out = tmp_path / "run"
     assert main(_args(data, out, 2)) == 0
     assert _state(out)["step"] == 2
@@ -55,6 +55,13 @@ def test_train_resume_and_export(data, tmp_path, capsys):
     assert (out / "train_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # tau against tokens
     head = out / "head"
     assert (head / "config.json").exists() and (head / "model.safetensors").exists()
+    # its acceptance profile, from the held-aside conversation, keyed to the exported weights: the tree is sized
+    # at load (eyas.autotree) as for the shipped head
+    from eyas.autotree import load_profile
+
+    profile = load_profile(head)
+    assert profile is not None and len(profile.rank_accept) == 6 and profile.tree_tau is None
+    assert all(0.0 <= sum(row) <= 1.0 + 1e-6 for row in profile.rank_accept)
     # the exported head drafts for the target it was trained on, losslessly
     prompt = QUESTIONS[0]
     common = ["--max-new-tokens", "24", "--dtype", "float32", "--json"]
@@ -63,6 +70,18 @@ def test_train_resume_and_export(data, tmp_path, capsys):
     assert main(["generate", prompt, "--drafter", str(head), *common]) == 0
     spec = json.loads(capsys.readouterr().out)
     assert spec["token_ids"] == plain["token_ids"]
+    # and with it eyas sizes the head's tree at load (tests turn sizing off: on here, machine costs faked)
+    from eyas import autotree
+    from eyas.drafters.loading import DrafterSpec
+    from eyas.tree.sizing import DraftCost
+
+    monkeypatch.delenv("EYAS_AUTO_TREE", raising=False)
+    monkeypatch.setenv("EYAS_CACHE", str(tmp_path / "cache"))
+    costs = {1: 0.04, 2: 0.041, 4: 0.043, 8: 0.05, 16: 0.07, 32: 0.1}
+    monkeypatch.setattr(autotree, "measure_step_costs", lambda model, exact: costs)
+    monkeypatch.setattr(autotree, "measure_draft_cost", lambda *a, **kw: DraftCost(0.004, 0.003, 0.0002))
+    choice = autotree.size_tree_for(default_target, DrafterSpec(str(head)))
+    assert choice is not None and choice.tau_source == "model"  # rank_accept alone: no replayed trees
 
 
 def _poll_step(out: Path) -> int:
