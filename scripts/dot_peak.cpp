@@ -1,6 +1,8 @@
 // This CPU's peak rate for the multiply-adds a projection could use, one thread, registers only: VDPBF16PS (32 bf16
 // products a 512-bit instruction: eyas/kernels/gguf_bf16.cpp's one-row path), VFMADD231PS (16 float32 ones: its
-// several-row path where fma_rows is set) and VPDPBUSD (64 int8 ones: eyas/kernels/head_i8.cpp, lm_screen.cpp).
+// several-row path where fma_rows is set), VFMADD231PS on 256-bit registers (8: gguf_f32.cpp's AVX2 path, the
+// float32 kernel of an AVX2-only CPU) and VPDPBUSD (64 int8 ones: eyas/kernels/head_i8.cpp, lm_screen.cpp); each
+// where the build has the instructions.
 // Twelve independent accumulators each, held in registers (named variables with distinct starting values: an
 // array of them was spilled to memory at -O2 and the loop timed store-to-load latency instead, which is what this
 // file measured before 2026-11-29 and why benchmarks.md once called the block kernel's rows "at the bf16 peak").
@@ -9,6 +11,7 @@
 #include <immintrin.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 
 namespace {
@@ -27,10 +30,11 @@ const long kIters = 20000000;  // 12 instructions each
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();                 \
   T all[12] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11};                                                \
   unsigned char folded = 0; /* every accumulator observed: none is dead code */                                   \
-  for (int i = 0; i < 12 * 64; ++i) folded ^= reinterpret_cast<const unsigned char*>(all)[i];                    \
+  for (size_t i = 0; i < sizeof(all); ++i) folded ^= reinterpret_cast<const unsigned char*>(all)[i];           \
   volatile unsigned char sink = folded;                                                                          \
   (void)sink;
 
+#if defined(__AVX512BF16__)
 void bf16() {
   auto init = [](int i) { return _mm512_set1_ps(0.001f * i); };
   __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), y = (__m512bh)_mm512_set1_epi16(0x3c00);
@@ -41,6 +45,9 @@ void bf16() {
               32 * 12 * kIters / s / 1e9);
 }
 
+#endif
+
+#if defined(__AVX512F__)
 void f32() {
   auto init = [](int i) { return _mm512_set1_ps(0.001f * i); };
   __m512 x = _mm512_set1_ps(1.0001f), y = _mm512_set1_ps(0.9999f);
@@ -51,6 +58,21 @@ void f32() {
               16 * 12 * kIters / s / 1e9);
 }
 
+#endif
+
+#if defined(__FMA__)
+void f32_ymm() {  // AVX2 + FMA (the float32 block kernel's several-row path on an AVX2-only CPU)
+  auto init = [](int i) { return _mm256_set1_ps(0.001f * i); };
+  __m256 x = _mm256_set1_ps(1.0001f), y = _mm256_set1_ps(0.9999f);
+#define OP(a) _mm256_fmadd_ps(x, y, a)
+  DOT_PEAK_12(__m256, OP)
+#undef OP
+  std::printf("VFMADD231PS ymm: %.2f G instructions/s = %5.1f G multiply-adds/s\n", 12 * kIters / s / 1e9,
+              8 * 12 * kIters / s / 1e9);
+}
+#endif
+
+#if defined(__AVX512VNNI__)
 void i8() {
   auto init = [](int i) { return _mm512_set1_epi32(i); };
   __m512i x = _mm512_set1_epi8(3), y = _mm512_set1_epi8(2);
@@ -61,10 +83,21 @@ void i8() {
               64 * 12 * kIters / s / 1e9);
 }
 
+#endif
+
 }  // namespace
 
-int main() {
+int main() {  // what this CPU has: an AVX2-only one prints the ymm line alone
+#if defined(__AVX512BF16__)
   bf16();
+#endif
+#if defined(__AVX512F__)
   f32();
+#endif
+#if defined(__FMA__)
+  f32_ymm();
+#endif
+#if defined(__AVX512VNNI__)
   i8();
+#endif
 }
