@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from eyas.train.profile import depth_counts, path_reach, rank_accept, ranks_along, top1_chains  # noqa: F401
+from eyas.train.profile import write_profile
 
 
 def replay_trees(target, head_dir: Path, texts, top_ks, depth: int, max_total: int) -> dict:
@@ -56,7 +56,6 @@ def main() -> None:
     ap.add_argument("--max-total", type=int, default=63, help="largest tree replayed (draft tokens)")
     a = ap.parse_args()
     import eyas
-    from eyas.autotree import weights_digest
     from eyas.formats.eagle3 import load_eagle3
 
     spec = eyas.load(drafter="none", dtype=a.dtype)
@@ -69,21 +68,17 @@ def main() -> None:
         answer = spec.generate(q, max_new_tokens=a.max_new_tokens, speculate=False).token_ids
         ids = torch.cat([prompt, torch.tensor(answer, dtype=torch.long)])
         texts.append((ids, prompt.shape[0]))
-    # the answer starts after the prompt: rank_accept's ``first`` is the prompt's last position
-    profile, seen = rank_accept(target, head, [(ids, p - 1) for ids, p in texts], a.depths, a.ranks)
     tree_tau = replay_trees(target, Path(a.head), texts, tuple(int(k) for k in a.top_ks.split(",")), a.depths,
                             a.max_total)
-    out = Path(a.out or Path(a.head) / "profile.json")
-    out.write_text(json.dumps({
-        "rank_accept": [[round(p, 4) for p in row] for row in profile],
-        "weights": weights_digest(Path(a.head)),  # eyas.autotree ignores the profile once the weights change
-        "positions_per_depth": seen,
-        "tree_tau": {f"{k},{d},{t}": round(v, 4) for (k, d, t), v in tree_tau.items()},
-        "measured_on": f"{len(qs)} questions of {a.questions}, {a.max_new_tokens} greedy tokens, target {a.dtype}",
-        "command": "python scripts/acceptance_profile.py --head HEAD --questions tune.jsonl "
-                   f"--limit {a.limit} --max-new-tokens {a.max_new_tokens} --dtype {a.dtype} --top-ks {a.top_ks} "
-                   f"--max-total {a.max_total}",
-    }, indent=1) + "\n")
+    measured_on = f"{len(qs)} questions of {a.questions}, {a.max_new_tokens} greedy tokens, target {a.dtype}"
+    command = ("python scripts/acceptance_profile.py --head HEAD --questions tune.jsonl "
+               f"--limit {a.limit} --max-new-tokens {a.max_new_tokens} --dtype {a.dtype} --top-ks {a.top_ks} "
+               f"--max-total {a.max_total}")
+    # the answer starts after the prompt: the profile's ``first`` is the prompt's last position
+    out = write_profile(Path(a.head), target, head, [(ids, p - 1) for ids, p in texts], measured_on, a.depths,
+                        a.ranks, out=a.out, extra={
+                            "tree_tau": {f"{k},{d},{t}": round(v, 4) for (k, d, t), v in tree_tau.items()},
+                            "command": command})
     print(out.read_text())
 
 

@@ -32,8 +32,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from eyas.train.profile import ranks_along, top1_chains
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from acceptance_profile import ranks_along, top1_chains  # noqa: E402
 from head_ab import Arm  # noqa: E402
 
 NS = (8, 6, 4, 3, 2)

@@ -19,13 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import lzma
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from acceptance_profile import depth_counts, ranks_along  # noqa: E402
+from eyas.train.profile import depth_counts, ranks_along
 
 
 def conversations(spec_path: str, min_tokens: int):

@@ -19,7 +19,8 @@ import json
 from pathlib import Path
 
 import torch
-from acceptance_profile import depth_counts, ranks_along
+
+from eyas.train.profile import depth_counts, ranks_along
 
 PROJECTIONS = {"fc": ("fc",), "q|k|v": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",),
                "gate|up": ("gate_proj", "up_proj"), "down": ("down_proj",), "lm_head": ("lm_head",)}

@@ -89,16 +89,19 @@ def rank_accept(target, head, texts: list[tuple[torch.Tensor, int]], depths: int
 
 
 def write_profile(head_dir: Path, target, head, texts: list[tuple[torch.Tensor, int]], measured_on: str,
-                  depths: int = 6, ranks: int = 8) -> Path:
-    """``head_dir/profile.json`` from ``texts`` (the rank model; no replayed trees), keyed to the weights there."""
+                  depths: int = 6, ranks: int = 8, extra: dict | None = None, out: Path | None = None) -> Path:
+    """``head_dir/profile.json`` (or ``out``) from ``texts``: the rank model, keyed to the weights in ``head_dir``,
+    plus ``extra`` fields (scripts/acceptance_profile.py: the replayed trees' τ and its command).
+    """
     from eyas.autotree import weights_digest
 
     accept, seen = rank_accept(target, head, texts, depths, ranks)
-    out = Path(head_dir) / "profile.json"
+    out = Path(out or Path(head_dir) / "profile.json")
     out.write_text(json.dumps({
         "rank_accept": [[round(p, 4) for p in row] for row in accept],
         "weights": weights_digest(Path(head_dir)),  # eyas.autotree ignores the profile once the weights change
         "positions_per_depth": seen,
         "measured_on": measured_on,
+        **(extra or {}),
     }, indent=1) + "\n")
     return out

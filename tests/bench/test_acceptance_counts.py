@@ -1,21 +1,16 @@
-"""scripts/acceptance_profile.py's per-depth counting (shared by head_fit.py and datastore_lookup.py) against the
-plain loop it replaced: a depth counts as reached while every depth above it was drafted, and only inside the text."""
-
-import importlib.util
-from pathlib import Path
+"""eyas.train.profile's per-depth counting (used by eyas train's profile.json, scripts/acceptance_profile.py,
+head_fit.py and datastore_lookup.py) against the plain loop it replaced: a depth counts as reached while every depth
+above it was drafted, and only inside the text."""
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "acceptance_profile.py"
-
 
 @pytest.fixture(scope="module")
 def ap():
-    spec = importlib.util.spec_from_file_location("acceptance_profile", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from eyas.train import profile
+
+    return profile
 
 
 def loop_counts(ranks: torch.Tensor, first: int, max_rank: int):
