@@ -71,15 +71,17 @@ inline __m128i sum4(const __m512i* a) {
   return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
-// rows xu[0 .. R) against the NB weight rows w[j]: acc[i * NB + j] = sum_k xu[i][k] * w[j][k]
-template <int R>
+// rows xu[0 .. R) against the NB weight rows w[j]: acc[i * NB + j] = sum_k xu[i][k] * w[j][k]. TILED: the group's
+// weights interleaved by 64-byte chunk (pack(): row j's chunk at byte c is at w[j] + NB * c, w[j] = group + 64 j), so
+// a group is read front to back as one stream; else w[j] is row j and its chunk at byte c is w[j] + c.
+template <int R, bool TILED>
 inline void micro(const uint8_t* const* xu, const int8_t* const* w, int64_t k, int32_t* acc) {
   __m512i a[R][NB];
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < NB; ++j) a[i][j] = _mm512_setzero_si512();
   for (int64_t c = 0; c < k; c += CHUNK) {
     __m512i wv[NB];
-    for (int j = 0; j < NB; ++j) wv[j] = _mm512_loadu_si512(w[j] + c);
+    for (int j = 0; j < NB; ++j) wv[j] = _mm512_loadu_si512(w[j] + (TILED ? NB * c : c));
     for (int i = 0; i < R; ++i) {
       const __m512i xv = _mm512_loadu_si512(xu[i] + c);
       for (int j = 0; j < NB; ++j) a[i][j] = _mm512_dpbusd_epi32(a[i][j], xv, wv[j]);
@@ -97,22 +99,30 @@ struct Input {
   Input(const T* x, int64_t m, int64_t k) : xu(m * k), sx(m) {
     for (int64_t i = 0; i < m; ++i) sx[i] = quantize_row(x + i * k, k, xu.data() + i * k);
   }
-  // rows [i0, i0 + rows) against the group's NB weight rows ws: acc[r * NB + j]. With ahead > 0, first the
-  // group ``ahead`` bytes on (a later one's NB rows, contiguous) is asked for, in one burst.
-  void pass(int64_t i0, int rows, int64_t k, const int8_t* const* ws, int32_t* acc, int64_t ahead) const {
+  // rows [i0, i0 + rows) against the group's NB weight rows ws (tiled: micro's TILED layout): acc[r * NB + j]. With
+  // ahead > 0, first the group ``ahead`` bytes on (a later one's NB rows, contiguous) is asked for, in one burst.
+  void pass(int64_t i0, int rows, int64_t k, const int8_t* const* ws, bool tiled, int32_t* acc, int64_t ahead) const {
     if (ahead > 0) {
       const char* p = reinterpret_cast<const char*>(ws[0] + ahead);
       for (int64_t o = 0; o < NB * k; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
     }
     const uint8_t* xs[MR];
     for (int r = 0; r < rows; ++r) xs[r] = xu.data() + (i0 + r) * k;
+    if (tiled) {
+      dispatch<true>(rows, xs, ws, k, acc);
+    } else {
+      dispatch<false>(rows, xs, ws, k, acc);
+    }
+  }
+  template <bool TILED>
+  static void dispatch(int rows, const uint8_t* const* xs, const int8_t* const* ws, int64_t k, int32_t* acc) {
     switch (rows) {
-      case 6: micro<6>(xs, ws, k, acc); break;
-      case 5: micro<5>(xs, ws, k, acc); break;
-      case 4: micro<4>(xs, ws, k, acc); break;
-      case 3: micro<3>(xs, ws, k, acc); break;
-      case 2: micro<2>(xs, ws, k, acc); break;
-      default: micro<1>(xs, ws, k, acc); break;
+      case 6: micro<6, TILED>(xs, ws, k, acc); break;
+      case 5: micro<5, TILED>(xs, ws, k, acc); break;
+      case 4: micro<4, TILED>(xs, ws, k, acc); break;
+      case 3: micro<3, TILED>(xs, ws, k, acc); break;
+      case 2: micro<2, TILED>(xs, ws, k, acc); break;
+      default: micro<1, TILED>(xs, ws, k, acc); break;
     }
   }
 };
@@ -133,9 +143,9 @@ int64_t prefetch_groups = 2;
 using namespace eyas_head_i8;
 
 template <typename T>
-at::Tensor run(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sw, const at::Tensor& sums,
+at::Tensor run(const at::Tensor& x, const at::Tensor& w, bool tiled, const at::Tensor& sw, const at::Tensor& sums,
                const at::Tensor& bias) {
-  const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
+  const int64_t m = x.size(0), k = x.size(1), n = sw.numel();
   const Input in(x.data_ptr<T>(), m, k);
   auto out = at::empty({m, n}, x.options().dtype(at::kFloat));
   const int8_t* wd = w.data_ptr<int8_t>();
@@ -149,12 +159,13 @@ at::Tensor run(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sw, c
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t j0 = g * NB, nr = std::min<int64_t>(NB, n - j0);
       const int8_t* ws[NB];
-      for (int64_t j = 0; j < NB; ++j) ws[j] = wd + (j0 + std::min(j, nr - 1)) * k;  // a short group repeats its last
+      for (int64_t j = 0; j < NB; ++j)  // tiled: chunk 0 of row j; rows: row j (a short group repeats its last)
+        ws[j] = tiled ? wd + j0 * k + CHUNK * j : wd + (j0 + std::min(j, nr - 1)) * k;
       // the group prefetch_groups on, asked for by the first pass (each body in its own way)
       const int64_t ahead = prefetch_groups > 0 && g + prefetch_groups < g1 ? prefetch_groups * NB * k : 0;
       for (int64_t i0 = 0; i0 < m; i0 += PASS_ROWS) {
         const int rows = static_cast<int>(std::min<int64_t>(m - i0, PASS_ROWS));
-        in.pass(i0, rows, k, ws, acc, i0 == 0 ? ahead : 0);
+        in.pass(i0, rows, k, ws, tiled, acc, i0 == 0 ? ahead : 0);
         for (int r = 0; r < rows; ++r)
           for (int64_t j = 0; j < nr; ++j) {
             const int64_t col = j0 + j;
@@ -169,22 +180,61 @@ at::Tensor run(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sw, c
 }
 #endif
 
-// x [M, K] float32 or bf16, w [N, K] int8, sw [N] float32, sums [N] int32 (sum_k w[n, k]), bias [N] float32 or
-// empty -> [M, N] in x's dtype
-at::Tensor linear(at::Tensor x, at::Tensor w, at::Tensor sw, at::Tensor sums, at::Tensor bias) {
+// whether linear() takes tiled weights (pack()): the VNNI body; the AVX2 body reads rows
+bool tiles() {
+#ifdef EYAS_HEAD_I8_VNNI
+  return true;
+#else
+  return false;
+#endif
+}
+
+// w [N, K] int8 -> the VNNI body's tiled layout [G * NB, K] (G = ceil(N / NB) groups of NB rows, a short last group
+// padded with copies of its last row): group g's bytes are, for each 64-byte chunk c of K, that chunk of its NB rows
+// one after another, so the kernel reads a group front to back (a single stream the hardware prefetcher follows; the
+// rows layout is NB interleaved streams of K bytes). Where tiles() is false, w as it is.
+at::Tensor pack(at::Tensor w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kChar && w.size(1) % CHUNK == 0,
+              "head_i8.pack: w [N, K] int8 with K a multiple of ", CHUNK);
+  w = w.contiguous();
+#ifdef EYAS_HEAD_I8_VNNI
+  const int64_t n = w.size(0), k = w.size(1), groups = (n + NB - 1) / NB;
+  auto out = at::empty({groups * NB, k}, w.options());
+  const int8_t* src = w.data_ptr<int8_t>();
+  int8_t* dst = out.data_ptr<int8_t>();
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t c = 0; c < k; c += CHUNK)
+      for (int64_t j = 0; j < NB; ++j) {
+        const int64_t row = std::min(g * NB + j, n - 1);
+        std::memcpy(dst + g * NB * k + NB * c + CHUNK * j, src + row * k + c, CHUNK);
+      }
+  return out;
+#else
+  return w;
+#endif
+}
+
+// x [M, K] float32 or bf16; w [N, K] int8 rows, or (tiled) pack()'s layout of them; sw [N] float32, sums [N] int32
+// (sum_k w[n, k]), bias [N] float32 or empty -> [M, N] in x's dtype
+at::Tensor linear(at::Tensor x, at::Tensor w, bool tiled, at::Tensor sw, at::Tensor sums, at::Tensor bias) {
 #ifdef EYAS_HEAD_I8
   TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "head_i8.linear: x [M, K] float32 or bf16");
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kChar && w.size(1) == x.size(1) && x.size(1) % CHUNK == 0,
               "head_i8.linear: w [N, K] int8 with K = x's and a multiple of ", CHUNK);
-  TORCH_CHECK(sw.scalar_type() == at::kFloat && sw.numel() == w.size(0) && sums.scalar_type() == at::kInt &&
-                  sums.numel() == w.size(0), "head_i8.linear: sw [N] float32 and sums [N] int32");
-  TORCH_CHECK(!bias.numel() || (bias.scalar_type() == at::kFloat && bias.numel() == w.size(0)),
+  TORCH_CHECK(!tiled || tiles(), "head_i8.linear: tiled weights need the AVX512-VNNI build (tiles() is false)");
+  const int64_t n = sw.numel(), rows_needed = tiled ? (n + NB - 1) / NB * NB : n;
+  TORCH_CHECK(w.size(0) == rows_needed, "head_i8.linear: w has ", w.size(0), " rows, ", rows_needed, " expected for ",
+              n, " outputs", tiled ? " (tiled: pack()'s padded groups)" : "");
+  TORCH_CHECK(sw.scalar_type() == at::kFloat && sums.scalar_type() == at::kInt && sums.numel() == n,
+              "head_i8.linear: sw [N] float32 and sums [N] int32");
+  TORCH_CHECK(!bias.numel() || (bias.scalar_type() == at::kFloat && bias.numel() == n),
               "head_i8.linear: bias [N] float32 or empty");
   x = x.contiguous();
   w = w.contiguous();
-  if (x.scalar_type() == at::kFloat) return run<float>(x, w, sw.contiguous(), sums.contiguous(), bias.contiguous());
-  return run<at::BFloat16>(x, w, sw.contiguous(), sums.contiguous(), bias.contiguous());
+  if (x.scalar_type() == at::kFloat)
+    return run<float>(x, w, tiled, sw.contiguous(), sums.contiguous(), bias.contiguous());
+  return run<at::BFloat16>(x, w, tiled, sw.contiguous(), sums.contiguous(), bias.contiguous());
 #else
   TORCH_CHECK(false, "head_i8.linear: built without AVX2 or AVX512-VNNI");
 #endif
@@ -206,7 +256,10 @@ bool available() {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear", &linear, "x @ W.T + bias for a few rows: W per-row int8, x quantised per row (AVX512-VNNI or AVX2)");
+  m.def("linear", &linear, "x @ W.T + bias for a few rows: W per-row int8 (rows, or tiled: pack()), x quantised per "
+        "row (AVX512-VNNI or AVX2)");
+  m.def("pack", &pack, "W [N, K] int8 -> the layout linear() reads fastest here (tiled where tiles(), else W)");
+  m.def("tiles", &tiles, "whether pack() tiles W (the AVX512-VNNI body)");
   m.def("set_prefetch", &set_prefetch, "software prefetch distance in weight groups (0: off); changes no bit");
   m.def("available", &available, "whether linear was built (AVX512-VNNI or AVX2 at compile time)");
   m.def("chunk", [] { return CHUNK; }, "K must be a multiple of this");

@@ -97,8 +97,9 @@ struct Input {
     for (int64_t i = 0; i < m; ++i) sx[i] = quantize_row(x + i * k, k, xq.data() + i * k);
   }
   // rows [i0, i0 + rows) against the group's NB weight rows ws, one weight row at a time: acc[r * NB + j]. The
-  // first pass over each weight row prefetches ``ahead`` bytes on.
-  void pass(int64_t i0, int rows, int64_t k, const int8_t* const* ws, int32_t* acc, int64_t ahead) const {
+  // first pass over each weight row prefetches ``ahead`` bytes on. Rows layout only (tiled is false: linear() checks).
+  void pass(int64_t i0, int rows, int64_t k, const int8_t* const* ws, bool /*tiled*/, int32_t* acc,
+            int64_t ahead) const {
     for (int64_t j = 0; j < NB; ++j)
       for (int r0 = 0; r0 < rows; r0 += MR) {
         const int8_t* xs[MR];

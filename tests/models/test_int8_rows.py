@@ -81,6 +81,29 @@ def test_extreme_bytes_sum_exactly():
     assert torch.equal(rows.linear(x, None), reference(rows, x, None))
 
 
+@pytest.mark.parametrize("m", [1, 3, 7])
+def test_tiled_and_row_layouts_give_the_same_bits(m):
+    """pack()'s tiles (AVX512-VNNI: each 4 rows' 64-byte chunks in turn, a short last group padded) and plain rows."""
+    from eyas.models.int8_rows import Int8Rows as R
+
+    g = torch.Generator().manual_seed(5)
+    rows = R.quantize(torch.randn(1027, 576, generator=g) * 0.05)  # 257 groups, the last one short
+    x = torch.randn(m, 576, generator=g)
+    plain = R(data=rows.data, scale=rows.scale, sums=rows.sums, k=576, packed=(rows.data, False))
+    want = reference(rows, x, None)
+    assert torch.equal(plain.linear(x, None), want)
+    if not _kernel().tiles():
+        pytest.skip("the AVX2 body reads rows only")
+    tiles = _kernel().pack(rows.data)
+    assert tiles.shape == (1028, 576)
+    assert torch.equal(tiles.view(257, 9, 4, 64)[:256].permute(0, 2, 1, 3).reshape(1024, 576), rows.data[:1024])
+    assert torch.equal(tiles.view(257, 9, 4, 64)[256, :, 3], rows.data[1026].view(9, 64))  # padding: the last row
+    tiled = R(data=rows.data, scale=rows.scale, sums=rows.sums, k=576, packed=(tiles, True))
+    assert torch.equal(tiled.linear(x, None), want)
+    with pytest.raises(RuntimeError, match="1028 expected"):
+        _kernel().linear(x, rows.data, True, rows.scale, rows.sums, torch.empty(0))
+
+
 @pytest.mark.parametrize("groups", [0, 1, 2, 64])
 def test_prefetch_changes_no_bit(groups):
     """The software prefetch distance (0 off) leaves every sum as it is, short last group included."""
@@ -104,6 +127,9 @@ def test_prefetch_env(monkeypatch):
         with pytest.raises(ValueError, match="EYAS_HEAD_I8_PREFETCH"):
             set_prefetch_from_env()
     monkeypatch.delenv("EYAS_HEAD_I8_PREFETCH")
+    monkeypatch.delenv("EYAS_HEAD_I8_TILES", raising=False)
+    assert set_prefetch_from_env() == (0 if _kernel().tiles() else 2)  # tiles: the hardware prefetcher alone
+    monkeypatch.setenv("EYAS_HEAD_I8_TILES", "0")
     assert set_prefetch_from_env() == 2
 
 
