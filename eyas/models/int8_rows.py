@@ -85,9 +85,9 @@ def kernel_layout(data: torch.Tensor) -> tuple[torch.Tensor, bool]:
     ``EYAS_HEAD_I8_TILES`` is not 0, else the rows as they are.
 
     Tiled, a group of 4 weight rows is one stream of memory (each 64-byte chunk of the 4 rows in turn) instead of 4
-    interleaved ones, which the hardware prefetcher follows: on the Zen 4 VM (one thread, a [8192, 576] projection,
-    a C++ copy of the kernel's loop) 148 against 324 us with the weights in DRAM, 84 against 106 us in L3. The sums
-    are the same.
+    interleaved ones, which the hardware prefetcher follows: on the Zen 4 VM the embedded head's five projections at
+    1 / 3 rows took 0.414 / 0.528 ms from DRAM and 0.222 / 0.201 from the caches, against 0.583 / 0.819 and 0.419 /
+    0.254 as rows (``scripts/head_cold.py --dtype bfloat16 --layouts``). The sums are the same.
     """
     if not tiles_in_use():
         return data.contiguous(), False
@@ -168,8 +168,9 @@ def time_head_kernels(q8, shapes=HEAD_SHAPES, rows=HEAD_ROWS, rounds: int = 5,
 
 def set_prefetch_from_env() -> int:
     """Apply ``EYAS_HEAD_I8_PREFETCH`` (weight groups ahead, 0 off) to the kernel; returns it. Default: 0 where the
-    weights are tiled (``tiles_in_use``; software prefetch on top of the hardware's: the head's five projections at 1
-    / 3 rows from DRAM 0.518 / 0.587 ms with 2 groups against 0.360 / 0.401 without, Zen 4), else 2.
+    weights are tiled (``tiles_in_use``; software prefetch on top of the hardware's measured slower there: the head's
+    five projections at 1 / 3 rows 0.590 / 0.366 ms from DRAM and 0.215 / 0.305 from the caches with 2 groups,
+    0.562 / 0.323 and 0.185 / 0.259 without, Zen 4, ``scripts/head_cold.py --dtype bfloat16 --distances 0,2``), else 2.
     """
     raw = os.environ.get("EYAS_HEAD_I8_PREFETCH", "0" if tiles_in_use() else "2")
     if not raw.isdigit() or int(raw) > 64:
