@@ -203,8 +203,8 @@ struct Screen {
     const __m512 slack = _mm512_set1_ps(1.01f), tiny = _mm512_set1_ps(ABS_SLACK);
     const int64_t gw = nblk * 8 * 64, gs = nblk * LANES;
     // no software prefetch: a group's weights are one stream the hardware prefetcher follows, and asking for the
-    // group after next in one burst measured slower (Zen 4, after the target's projections: 1 / 3 rows 1.24-1.33 /
-    // 1.39-1.64 ms with it, 0.94-1.15 / 1.04-1.21 without; a cold 35 MB read takes 1.1 ms on its two cores)
+    // group after next in one burst measured slower (Zen 4, in decoding, scripts/step_profile.py --parts: the screen
+    // at 1 / 4 rows 1.07-1.31 / 1.48-1.69 ms with it, 0.83-1.16 / 1.03-1.34 without, three runs of each build)
     for (int64_t g = g0; g < g1; ++g) {
       for (int64_t i0 = 0; i0 < q.r; i0 += RB) {
         const int rows = static_cast<int>(std::min<int64_t>(RB, q.r - i0));
