@@ -48,7 +48,8 @@ def main() -> None:
             "gate|up": ml.mlp.__dict__.get("_eyas_fused"), "down": attached_blocks(ml.mlp.down_proj),
             "lm_head": attached_blocks(head.lm_head)}
     if any(type(m).__name__ != "Int8Rows" for m in mods.values()):
-        raise SystemExit("the head's projections are not on the int8 kernel (EYAS_HEAD_INT8=0, or a bf16 head)")
+        raise SystemExit("the head's projections are not on the int8 kernel (EYAS_HEAD_INT8=0, or a bf16 head where "
+                         "int8 does not pay on this CPU: try --dtype float32)")
     xs = {n: torch.randn(a.rows, m.k).to(getattr(torch, a.dtype)) for n, m in mods.items()}
     flush = torch.zeros(40_000_000)
     if a.layouts:

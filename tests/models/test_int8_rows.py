@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eyas.models.int8_rows import Int8Rows, _kernel
+from eyas.models.int8_rows import Int8Rows, _kernel, set_prefetch_from_env
 
 pytestmark = pytest.mark.skipif(_kernel() is None, reason="needs AVX2 and a C++ toolchain")
 
@@ -84,12 +84,10 @@ def test_extreme_bytes_sum_exactly():
 @pytest.mark.parametrize("m", [1, 3, 7])
 def test_tiled_and_row_layouts_give_the_same_bits(m):
     """pack()'s tiles (AVX512-VNNI: each 4 rows' 64-byte chunks in turn, a short last group padded) and plain rows."""
-    from eyas.models.int8_rows import Int8Rows as R
-
     g = torch.Generator().manual_seed(5)
-    rows = R.quantize(torch.randn(1027, 576, generator=g) * 0.05)  # 257 groups, the last one short
+    rows = Int8Rows.quantize(torch.randn(1027, 576, generator=g) * 0.05)  # 257 groups, the last one short
     x = torch.randn(m, 576, generator=g)
-    plain = R(data=rows.data, scale=rows.scale, sums=rows.sums, k=576, packed=(rows.data, False))
+    plain = Int8Rows(data=rows.data, scale=rows.scale, sums=rows.sums, k=576, packed=(rows.data, False))
     want = reference(rows, x, None)
     assert torch.equal(plain.linear(x, None), want)
     if not _kernel().tiles():
@@ -98,7 +96,7 @@ def test_tiled_and_row_layouts_give_the_same_bits(m):
     assert tiles.shape == (1028, 576)
     assert torch.equal(tiles.view(257, 9, 4, 64)[:256].permute(0, 2, 1, 3).reshape(1024, 576), rows.data[:1024])
     assert torch.equal(tiles.view(257, 9, 4, 64)[256, :, 3], rows.data[1026].view(9, 64))  # padding: the last row
-    tiled = R(data=rows.data, scale=rows.scale, sums=rows.sums, k=576, packed=(tiles, True))
+    tiled = Int8Rows(data=rows.data, scale=rows.scale, sums=rows.sums, k=576, packed=(tiles, True))
     assert torch.equal(tiled.linear(x, None), want)
     with pytest.raises(RuntimeError, match="1028 expected"):
         _kernel().linear(x, rows.data, True, rows.scale, rows.sums, torch.empty(0))
@@ -114,12 +112,10 @@ def test_prefetch_changes_no_bit(groups):
         _kernel().set_prefetch(groups)
         assert torch.equal(rows.linear(x, None), reference(rows, x, None))
     finally:
-        _kernel().set_prefetch(2)
+        set_prefetch_from_env()  # the default again
 
 
 def test_prefetch_env(monkeypatch):
-    from eyas.models.int8_rows import set_prefetch_from_env
-
     monkeypatch.setenv("EYAS_HEAD_I8_PREFETCH", "4")
     assert set_prefetch_from_env() == 4
     for bad in ("-1", "x", "65"):
