@@ -100,7 +100,11 @@ constexpr int PF_GROUPS = 2;  // software prefetch distance, in groups
 //             is memory time + math time). Spread one a block: all of a group's lines at once measured slower on
 //             Zen 4 (they fill the miss queue ahead of the group's own loads). Zen 4, 121 projections, one process
 //             (scripts/kernel_ab.py --base HEAD --base-tuning 0,0 --tuning 1,0): 2-3 rows 0.99x the time without
-//             it, 4 / 6 / 8 rows 0.94x / 0.93x / 0.90x.
+//             it, 4 / 6 / 8 rows 0.94x / 0.93x / 0.90x. The prefetch is non-temporal (PREFETCHNTA): weights read
+//             once, they displace less of what the step touches next from the L3 (the draft head's weights, the code
+//             and data of the calls between kernels). Whole exact-mode steps at 1 / 2 / 3 / 4 nodes, NTA against T0,
+//             three one-process runs on Zen 4 (scripts/kernel_ab.py --base HEAD --steps --rows 2,3,4):
+//             0.951-0.982x / 0.97-1.08x / 0.987-0.998x / 0.986-0.999x the time; the same bits.
 //   pair_as_triple: 2 rows run as a 3-row block, the third repeating the second into scratch (Zen 5: 2-row chains
 //             measured slower than 3-row ones; Zen 4, double-pumped AVX-512, pays for the extra row's math)
 //   fma_rows: several rows multiply in float32 FMAs instead of VDPBF16PS (below); set only where fma_matches() holds.
@@ -182,7 +186,7 @@ inline void dequant_row(const uint8_t* w, int64_t nblk, int64_t bb, int64_t qtyp
   if (qtype >= PACKED) {  // nibbles at w, then nblk scales, then (Q4_1) nblk minimums, each fp16
     scales_f32(w + 16 * nblk, qtype == PACKED + Q4_1 ? 2 * nblk : nblk, scales);
     for (int64_t b = 0; b < nblk; ++b) {  // bb * b strides over the whole row, scales included, as below
-      if (pj) _mm_prefetch(reinterpret_cast<const char*>(pj + bb * b), _MM_HINT_T0);
+      if (pj) _mm_prefetch(reinterpret_cast<const char*>(pj + bb * b), _MM_HINT_NTA);
       const __m512i v = qtype == PACKED + Q4_1 ? dequant_packed<true>(w + 16 * b, scales + b, scales + nblk + b)
                                                : dequant_packed<false>(w + 16 * b, scales + b, nullptr);
       _mm512_storeu_si512(dst + QK * b, v);
@@ -190,7 +194,7 @@ inline void dequant_row(const uint8_t* w, int64_t nblk, int64_t bb, int64_t qtyp
     return;
   }
   for (int64_t b = 0; b < nblk; ++b) {
-    if (pj) _mm_prefetch(reinterpret_cast<const char*>(pj + bb * b), _MM_HINT_T0);
+    if (pj) _mm_prefetch(reinterpret_cast<const char*>(pj + bb * b), _MM_HINT_NTA);
     _mm512_storeu_si512(dst + QK * b, dequant_block(w + bb * b, qtype));
   }
 }

@@ -115,7 +115,7 @@ void rows_packed(const uint16_t* x, const float* x32, int64_t k, const uint8_t* 
   for (int64_t b = 0; b < nblk; ++b) {
     if (pf)
       for (int j = 0; j < NR; ++j)
-        _mm_prefetch(reinterpret_cast<const char*>(pf + (w[j] - w[0]) + bb * b), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(pf + (w[j] - w[0]) + bb * b), _MM_HINT_NTA);
     __m512 xo[MRr], xe[MRr];  // FMA: the rows' odd and even values of block b; else xo holds the bf16 pairs
     for (int i = 0; i < MRr; ++i) {
       if (FMA) {
