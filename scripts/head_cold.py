@@ -9,7 +9,7 @@ pass by pass, medians over ``--passes``. Needs a head on the int8 kernel (a floa
 ``--against-q8``: instead, the int8 projections (prefetch 2) against the same weights as Q8_0 blocks on the float32
 block kernel (what the head ran on an AVX2-only CPU before the int8 kernel's AVX2 body), alternating pass by pass.
 ``--layouts``: instead, the same int8 weights as plain rows (prefetch 2, before 2026-12-01) against the AVX512-VNNI
-kernel's tiles (prefetch 0, ``eyas.models.int8_rows.kernel_layout``), alternating pass by pass.
+kernel's tiles (prefetch 0, ``eyas.models.int8_rows.tiles_in_use``), alternating pass by pass.
 
 python scripts/head_cold.py --rows 4 --passes 15
 python scripts/head_cold.py --rows 1 --passes 21 --against-q8
@@ -55,9 +55,8 @@ def main() -> None:
     if a.layouts:
         if not _kernel().tiles():
             raise SystemExit("this CPU's int8 kernel reads plain rows only (no AVX512-VNNI)")
-        as_rows = {n: Int8Rows(m.data, m.scale, m.sums, m.k, packed=(m.data, False)) for n, m in mods.items()}
-        tiled = {n: Int8Rows(m.data, m.scale, m.sums, m.k, packed=(_kernel().pack(m.data), True))
-                 for n, m in mods.items()}
+        as_rows = {n: Int8Rows(m.data, m.scale, m.sums, m.k, tiled=False) for n, m in mods.items()}
+        tiled = {n: Int8Rows(m.data, m.scale, m.sums, m.k, tiled=True) for n, m in mods.items()}
         sides = {"rows, prefetch 2": (as_rows, 2), "tiles, prefetch 0": (tiled, 0)}
     elif a.against_q8:
         q8 = {n: GGUFBlocks(data=quantize_q8_0(m.dequantize()), qtype=8, k=m.k) for n, m in mods.items()}

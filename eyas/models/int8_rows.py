@@ -14,7 +14,7 @@ float32 head, or a bf16 head where the int8 projections measured much cheaper th
 machine (``bf16_int8_pays``: timed once, cached; ``EYAS_HEAD_INT8=1`` takes a bf16 head anyway). On a Zen 4 VM a
 bf16 head decoded 0.99x and 1.03x as fast with int8 as with Q8_0 (two one-process A/Bs); on an Intel Xeon (family 6
 model 207) its int8 projections took 0.37-0.43x the Q8_0 time at 1-4 rows and decoding ran 1.05-1.06x
-(docs/benchmarks.md). On AVX512-VNNI the kernel reads each group of 4 weight rows as one stream (``kernel_layout``,
+(docs/benchmarks.md). On AVX512-VNNI the kernel reads each group of 4 weight rows as one stream (``tiles_in_use``,
 ``EYAS_HEAD_I8_TILES=0`` keeps plain rows); the AVX2 body reads plain rows and prefetches weight groups ahead of its
 multiply-adds (``EYAS_HEAD_I8_PREFETCH``: groups ahead, 0 off; default 2 for rows, 0 for tiles, which the hardware
 prefetcher follows better alone). Both are read when a head is quantised, so ``scripts/head_ab.py --later-env`` can
@@ -46,10 +46,10 @@ class Int8Rows:
     scale: torch.Tensor
     sums: torch.Tensor
     k: int
-    # data as the kernel reads it fastest (its ``pack``: 64-byte chunks of each 4 rows interleaved on AVX512-VNNI),
-    # and whether that is the tiled layout; made at the first ``linear``
-    packed: tuple[torch.Tensor, bool] | None = field(default=None, repr=False, compare=False)
-
+    # whether the kernel reads data tiled (``tiles_in_use``), decided when the rows are made, as the prefetch distance
+    # is; and data in that layout, made at the first ``linear`` (only the projections that run pay its memory)
+    tiled: bool = field(default_factory=lambda: tiles_in_use(), repr=False, compare=False)
+    packed: torch.Tensor | None = field(default=None, repr=False, compare=False)
     @classmethod
     def quantize(cls, w: torch.Tensor) -> Int8Rows:
         """w: [N, K] -> each row rounded to int8 with scale max |row| / 127 (an all-zero row: scale 0)."""
@@ -74,29 +74,22 @@ class Int8Rows:
         """x: [..., K] float32 or bf16 -> [..., N] in x's dtype (bias float32 or None)."""
         b = _EMPTY if bias is None else bias.float()
         if self.packed is None:
-            self.packed = kernel_layout(self.data)
-        w, tiled = self.packed
-        out = _kernel().linear(x.reshape(-1, self.k), w, tiled, self.scale, self.sums, b)
+            self.packed = _kernel().pack(self.data) if self.tiled else self.data.contiguous()
+        out = _kernel().linear(x.reshape(-1, self.k), self.packed, self.tiled, self.scale, self.sums, b)
         return out.view(*x.shape[:-1], out.shape[1])
 
 
-def kernel_layout(data: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """(weights, tiled) as the kernel takes them: tiled where its build reads tiles (AVX512-VNNI) and
-    ``EYAS_HEAD_I8_TILES`` is not 0, else the rows as they are.
-
-    Tiled, a group of 4 weight rows is one stream of memory (each 64-byte chunk of the 4 rows in turn) instead of 4
-    interleaved ones, which the hardware prefetcher follows: on the Zen 4 VM the embedded head's five projections at
-    1 / 3 rows took 0.414 / 0.528 ms from DRAM and 0.222 / 0.201 from the caches, against 0.583 / 0.819 and 0.419 /
-    0.254 as rows (``scripts/head_cold.py --dtype bfloat16 --layouts``). The sums are the same.
-    """
-    if not tiles_in_use():
-        return data.contiguous(), False
-    return _kernel().pack(data), True
-
-
 def tiles_in_use() -> bool:
-    """Whether ``kernel_layout`` tiles weights: the kernel's build reads tiles and ``EYAS_HEAD_I8_TILES`` is not 0."""
-    return os.environ.get("EYAS_HEAD_I8_TILES", "1") != "0" and _kernel().tiles()
+    """Whether new ``Int8Rows`` are tiled: the kernel's build reads tiles (AVX512-VNNI) and ``EYAS_HEAD_I8_TILES`` is
+    not 0.
+
+    Tiled (the kernel's ``pack``), a group of 4 weight rows is one stream of memory (each 64-byte chunk of the 4 rows in
+    turn) instead of 4 interleaved ones, which the hardware prefetcher follows: on the Zen 4 VM the embedded head's five
+    projections at 1 / 3 rows took 0.414 / 0.528 ms from DRAM and 0.222 / 0.201 from the caches, against 0.583 / 0.819
+    and 0.419 / 0.254 as rows (``scripts/head_cold.py --dtype bfloat16 --layouts``). The sums are the same.
+    """
+    kernel = _kernel()
+    return os.environ.get("EYAS_HEAD_I8_TILES", "1") != "0" and kernel is not None and kernel.tiles()
 
 
 def int8_head_ready(dtype: torch.dtype) -> bool:

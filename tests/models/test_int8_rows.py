@@ -87,7 +87,7 @@ def test_tiled_and_row_layouts_give_the_same_bits(m):
     g = torch.Generator().manual_seed(5)
     rows = Int8Rows.quantize(torch.randn(1027, 576, generator=g) * 0.05)  # 257 groups, the last one short
     x = torch.randn(m, 576, generator=g)
-    plain = Int8Rows(data=rows.data, scale=rows.scale, sums=rows.sums, k=576, packed=(rows.data, False))
+    plain = Int8Rows(data=rows.data, scale=rows.scale, sums=rows.sums, k=576, tiled=False)
     want = reference(rows, x, None)
     assert torch.equal(plain.linear(x, None), want)
     if not _kernel().tiles():
@@ -96,10 +96,26 @@ def test_tiled_and_row_layouts_give_the_same_bits(m):
     assert tiles.shape == (1028, 576)
     assert torch.equal(tiles.view(257, 9, 4, 64)[:256].permute(0, 2, 1, 3).reshape(1024, 576), rows.data[:1024])
     assert torch.equal(tiles.view(257, 9, 4, 64)[256, :, 3], rows.data[1026].view(9, 64))  # padding: the last row
-    tiled = Int8Rows(data=rows.data, scale=rows.scale, sums=rows.sums, k=576, packed=(tiles, True))
+    tiled = Int8Rows(data=rows.data, scale=rows.scale, sums=rows.sums, k=576, tiled=True)
     assert torch.equal(tiled.linear(x, None), want)
+    assert torch.equal(tiled.packed, tiles)
     with pytest.raises(RuntimeError, match="1028 expected"):
         _kernel().linear(x, rows.data, True, rows.scale, rows.sums, torch.empty(0))
+
+
+def test_layout_is_chosen_when_the_rows_are_made(monkeypatch):
+    """EYAS_HEAD_I8_TILES as it was at quantisation (when the prefetch distance is read too), not at the first call:
+    a head loaded under one setting keeps it while another loads under the other (scripts/head_ab.py --later-env)."""
+    g = torch.Generator().manual_seed(6)
+    w = torch.randn(8, 128, generator=g)
+    monkeypatch.setenv("EYAS_HEAD_I8_TILES", "0")
+    rows = Int8Rows.quantize(w)
+    monkeypatch.delenv("EYAS_HEAD_I8_TILES")
+    later = Int8Rows.quantize(w)
+    x = torch.randn(2, 128, generator=g)
+    assert torch.equal(rows.linear(x, None), later.linear(x, None))
+    assert not rows.tiled and rows.packed.shape == (8, 128)
+    assert later.tiled == _kernel().tiles()
 
 
 @pytest.mark.parametrize("groups", [0, 1, 2, 64])
