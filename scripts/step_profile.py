@@ -3,9 +3,9 @@
 Wraps SpecDecoder's three verbs (draft, verify_forward, accept) with timers, runs plain decoding then the drafter
 over the same questions in one process, and prints ms per step of each, tau, the step ratio and decode tok/s
 (prefill excluded). ``--tree`` fixes the tree; without it eyas sizes one at load (eyas.autotree). ``--parts`` also
-times the default drafter's pieces (the head's extension over accepted tokens and its tree levels, its layer, fused
-taps, embedding and vocabulary head, the tree's bookkeeping, the lookup merge) and the verify forward by tree size,
-with its block-kernel projections and path attention.
+times the default drafter's pieces (the head's extension over accepted tokens and its tree levels, its calls,
+layer, fused taps, embedding and vocabulary head, the tree's bookkeeping, the lookup merge) and the verify forward by
+tree size, with its block-kernel projections and path attention.
 Nested pieces are inside their callers' times; calls during prefill are left out; the timers cost a few
 microseconds a call.
 
@@ -36,6 +36,7 @@ PARTS = (
     (HybridDrafter, "extend", "head: extend over accepted tokens"),
     (Eagle3Head, "fuse", "  fc over the target's taps"),
     (EagleDrafter, "_embed", "  embedding (extend and levels)"),
+    (EagleDrafter, "_fast_call", "  head calls (extend and levels; native where it serves)"),
     (Eagle3Head, "fast_forward", "  layer (extend and levels)"),
     (Eagle3Drafter, "_logp", "  vocabulary head + log-softmax (all)"),
     (HybridDrafter, "propose", "head: propose (levels, tree, lookup merge)"),

@@ -21,6 +21,7 @@ from torch import nn
 from eyas.drafters.base import Drafter, TargetFeatures, register_drafter
 from eyas.drafters.expansion import Feed, make_expansion
 from eyas.drafters.head_kernels import HeadPaths, fast_layer, fast_layer_ready, fuse_head_blocks_
+from eyas.drafters.head_step import HeadStep
 from eyas.formats import read_weights, weight_keys
 from eyas.kv.static import KVCache
 from eyas.models import gguf_tuning
@@ -145,6 +146,7 @@ class EagleDrafter(Drafter):
             gguf_tuning.tune_once(self.head)  # the bf16 kernel's options for this CPU, if the target's did not set them
         fuse_head_blocks_(self.head)  # and q|k|v, gate|up as one block matrix each (eyas.drafters.head_kernels)
         self.fast = bool(getattr(self.head, "fast_ready", lambda: False)())
+        self.step: HeadStep | None = None  # the head's call as one native call (EAGLE-3: Eagle3Drafter sets it)
         self.expansion = make_expansion(tree)
         self.max_nodes = self.expansion.max_nodes
 
@@ -174,15 +176,16 @@ class EagleDrafter(Drafter):
     def extend(self, tokens: torch.Tensor, feats: TargetFeatures) -> None:
         s = self.state
         m = tokens.shape[0]
-        pos = torch.arange(s.n, s.n + m, device=tokens.device)
         if self.fast and m <= FAST_ROWS:  # a step's accepted tokens (prompts take the batched torch path)
-            h = self.head.fast_forward(self._embed(tokens), self._feature_in(feats), pos, s.cache, s.n,
-                                       HeadPaths.causal(s.n, m))
+            h, logp = self._fast_call(tokens, self._feature_in(feats), None, s.n, 1, s.n, HeadPaths.causal(s.n, m),
+                                      m - 1)
         else:
+            pos = torch.arange(s.n, s.n + m, device=tokens.device)
             h = self.head(self._embed(tokens[None]), self._feature_in(feats)[None], pos[None], s.cache, s.n, None)[0]
+            logp = self._logp(h[-1:])
         s.n += m
         s.root_hidden = h[-1]
-        s.root_logp = self._logp(h[-1])
+        s.root_logp = logp[-1]
 
     @torch.inference_mode()
     def propose(self, history: torch.Tensor, sampling: SamplingParams, generator=None) -> DraftOutput:
@@ -199,24 +202,41 @@ class EagleDrafter(Drafter):
         parent_h = s.root_hidden[None]  # [1, D]
         fed = 0
         while feed is not None:
-            h = self._run_feed(feed, parent_h, fed)
+            h, logp = self._run_feed(feed, parent_h, fed)
             fed += feed.tokens.shape[0]
             parent_h = h
-            feed = self.expansion.grow(self._logp(h))
+            feed = self.expansion.grow(logp)
 
-    def _run_feed(self, feed: Feed | Frontier, parent_h: torch.Tensor, fed: int) -> torch.Tensor:
-        """Run the head on one tree level; returns its outputs [F, D]."""
+    def _run_feed(self, feed: Feed | Frontier, parent_h: torch.Tensor,
+                  fed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the head on one tree level -> (its outputs [F, D], their draft log-probs [F, V])."""
         s = self.state
         f, dev = feed.tokens.shape[0], parent_h.device
         if self.fast and f <= FAST_ROWS:
-            pos = torch.full((f,), s.n - 1 + feed.depth, device=dev)
             paths = HeadPaths.from_seen(s.n, feed.seen)
-            feats = parent_h[feed.parent_rows.to(dev)]
-            return self.head.fast_forward(self._embed(feed.tokens.to(dev)), feats, pos, s.cache, s.n + fed, paths)
+            return self._fast_call(feed.tokens.to(dev), parent_h, feed.parent_rows.to(dev), s.n - 1 + feed.depth, 0,
+                                   s.n + fed, paths, 0)
         mask = torch.cat([torch.ones(f, s.n, dtype=torch.bool, device=dev), feed.mask.to(dev)], dim=1)
         pos = torch.full((1, f), s.n - 1 + feed.depth, device=dev)
         feats = parent_h[feed.parent_rows.to(dev)][None]
-        return self.head(self._embed(feed.tokens.to(dev)[None]), feats, pos, s.cache, s.n + fed, mask[None])[0]
+        h = self.head(self._embed(feed.tokens.to(dev)[None]), feats, pos, s.cache, s.n + fed, mask[None])[0]
+        return h, self._logp(h)
+
+    def _fast_call(self, tokens: torch.Tensor, feats: torch.Tensor, rows: torch.Tensor | None, pos0: int,
+                   pos_step: int, write_start: int, paths: HeadPaths,
+                   logits_from: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head over T <= FAST_ROWS rows on the compiled kernels: row i takes token i, feature ``feats[rows[i]]``
+        (``feats[i]`` without rows) and position pos0 + pos_step * i, and writes head slot write_start + i ->
+        (outputs [T, D], draft log-probs of rows logits_from .. T - 1 [T - logits_from, V]). One native call where
+        ``self.step`` serves (eyas.drafters.head_step), else the torch fast path.
+        """
+        s = self.state
+        if self.step is not None:
+            return self.step(tokens, feats, rows, pos0, pos_step, s.cache, write_start, paths, logits_from)
+        pos = pos0 + pos_step * torch.arange(tokens.shape[0], device=tokens.device)
+        hid = feats if rows is None else feats[rows]
+        h = self.head.fast_forward(self._embed(tokens), hid, pos, s.cache, write_start, paths)
+        return h, self._logp(h[logits_from:])
 
 
 def head_compute_dtype(target) -> torch.dtype:

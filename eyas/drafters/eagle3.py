@@ -24,6 +24,7 @@ from torch import nn
 from eyas.drafters.base import TargetFeatures, register_drafter
 from eyas.drafters.eagle import EagleDrafter
 from eyas.drafters.head_kernels import HeadPaths, fast_layer, fast_layer_ready
+from eyas.drafters.head_step import HeadStep
 from eyas.models.base import causal_mask
 from eyas.models.config import ModelConfig
 from eyas.models.layers import RopeTable, rms_norm
@@ -214,6 +215,8 @@ class Eagle3Drafter(EagleDrafter):
             head = load_eagle3(path, tm.config, tm.dtype)
         super().__init__(head=head, tree=tree, target_model=tm)
         self.taps = head.cfg.aux_layers
+        if self.fast and self.head.embed_tokens is None:
+            self.step = HeadStep.build(self.head, getattr(getattr(tm, "model", None), "embed_tokens", None))
         self.expansion.id_map = head.draft_ids().to(tm.device)
 
     def _feature_in(self, feats: TargetFeatures) -> torch.Tensor:

@@ -13,7 +13,10 @@ an unsupported platform) or its switch turns it off; callers then keep the pure-
 - ``lm_screen()`` (``lm_screen.cpp``, ``EYAS_LM_SCREEN``): greedy decoding's output projection, screened in int8
   (AVX512-VNNI) so that only the few logits that can be the argmax are computed exactly;
 - ``layer_ops()`` (``layer_ops.cpp``, ``EYAS_LAYER_OPS``): RoPE + KV-cache write of exact decode forwards, and
-  the row argmax greedy verification reads (``argmax``).
+  the row argmax greedy verification reads (``argmax``);
+- ``head_step()`` (``head_step.cpp``, ``EYAS_HEAD_STEP``): a one-layer EAGLE-3 head's whole call (embedding, layer,
+  vocabulary head, log-softmax) as one native call over the kernels above (their bodies are the ``.h`` files the
+  modules bind).
 
 Hot paths hold a ``Lazy`` of their getter (resolved once per process). The build (10-15 s a kernel on 2 cores; the
 sources include ``torch_ext.h``, not ``torch/extension.h``, which made it ~25 s)
@@ -44,7 +47,7 @@ _FLAGS = ["-O3", "-march=native", "-fopenmp"] if sys.platform.startswith("linux"
 _LDFLAGS = ["-fopenmp"] if sys.platform.startswith("linux") else []
 # a kernel's flags beyond _FLAGS: -ffp-contract=off where its results must round like their torch or numpy reference
 # (multiply, then add)
-_OWN_FLAGS = {name: ["-ffp-contract=off"] for name in ("gguf_bf16", "gguf_f32", "head_i8", "layer_ops")}
+_OWN_FLAGS = {name: ["-ffp-contract=off"] for name in ("gguf_bf16", "gguf_f32", "head_i8", "layer_ops", "head_step")}
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}
 # name (eyas/kernels/<name>.cpp) -> (what the one-time note calls it, the environment switch that turns it off)
@@ -57,12 +60,13 @@ _KERNELS = {
     "head_i8": ("the draft head's int8 projection kernel", "EYAS_HEAD_INT8"),
     "lm_screen": ("the greedy output-projection screen", "EYAS_LM_SCREEN"),
     "layer_ops": ("the decode-layer kernel", "EYAS_LAYER_OPS"),
+    "head_step": ("the draft head's one-call step", "EYAS_HEAD_STEP"),
 }
 # the CPU flag a kernel needs (not built where it could not serve): the screen AVX512-VNNI, the head's int8 AVX2
-_NEEDS = {"head_i8": "avx2", "lm_screen": "avx512_vnni"}
+_NEEDS = {"head_i8": "avx2", "lm_screen": "avx512_vnni", "head_step": "avx2"}
 # what a CPU target of each dtype uses (prebuild's default); anything else builds on first use
-USED_BY = {torch.bfloat16: ("gguf_bf16", "path_attn", "lm_screen", "head_i8", "rms_norm", "layer_ops"),
-           torch.float32: ("gguf_f32", "skinny_gemm", "path_attn", "head_i8", "rms_norm", "layer_ops")}
+USED_BY = {torch.bfloat16: ("gguf_bf16", "path_attn", "lm_screen", "head_i8", "rms_norm", "layer_ops", "head_step"),
+           torch.float32: ("gguf_f32", "skinny_gemm", "path_attn", "head_i8", "rms_norm", "layer_ops", "head_step")}
 
 
 def _headers() -> list[Path]:
@@ -168,6 +172,14 @@ def layer_ops():
     float32, torch's bf16 numerics bit for bit), or None where it is off (``EYAS_LAYER_OPS=0``) or cannot be built.
     """
     return _get("layer_ops") if _wanted("layer_ops") else None
+
+
+def head_step():
+    """The compiled head call (``HeadStep(...)``, then ``.run(...)``: eyas.drafters.head_step; ``available()``: False
+    where the build has neither AVX512-VNNI nor AVX2), or None where it is off (``EYAS_HEAD_STEP=0``), the CPU has no
+    AVX2 (then it is not built) or it cannot be built. Built with ``-ffp-contract=off``, as the kernels it calls.
+    """
+    return _get("head_step") if _wanted("head_step") else None
 
 
 # the one process-wide handle on layer_ops (exact decode forwards, the draft head's layer, the greedy argmax)

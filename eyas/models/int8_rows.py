@@ -73,10 +73,16 @@ class Int8Rows:
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x: [..., K] float32 or bf16 -> [..., N] in x's dtype (bias float32 or None)."""
         b = _EMPTY if bias is None else bias.float()
+        out = _kernel().linear(x.reshape(-1, self.k), *self.kernel_weights(), b)
+        return out.view(*x.shape[:-1], out.shape[1])
+
+    def kernel_weights(self) -> tuple[torch.Tensor, bool, torch.Tensor, torch.Tensor]:
+        """(data in the kernel's layout, tiled, scale, sums): what ``linear`` hands the kernel (and
+        eyas.drafters.head_step its compiled call); the tiled copy is made on first use.
+        """
         if self.packed is None:
             self.packed = _kernel().pack(self.data) if self.tiled else self.data.contiguous()
-        out = _kernel().linear(x.reshape(-1, self.k), self.packed, self.tiled, self.scale, self.sums, b)
-        return out.view(*x.shape[:-1], out.shape[1])
+        return self.packed, self.tiled, self.scale, self.sums
 
 
 def tiles_in_use() -> bool:
@@ -165,10 +171,16 @@ def set_prefetch_from_env() -> int:
     five projections at 1 / 3 rows 0.590 / 0.366 ms from DRAM and 0.215 / 0.305 from the caches with 2 groups,
     0.562 / 0.323 and 0.185 / 0.259 without, Zen 4, ``scripts/head_cold.py --dtype bfloat16 --distances 0,2``), else 2.
     """
+    groups = prefetch_from_env()
+    _kernel().set_prefetch(groups)
+    return groups
+
+
+def prefetch_from_env() -> int:
+    """``EYAS_HEAD_I8_PREFETCH`` checked, or its default (``set_prefetch_from_env``); sets nothing."""
     raw = os.environ.get("EYAS_HEAD_I8_PREFETCH", "0" if tiles_in_use() else "2")
     if not raw.isdigit() or int(raw) > 64:
         raise ValueError(f"EYAS_HEAD_I8_PREFETCH={raw!r}: weight groups to prefetch ahead, 0 (off) to 64")
-    _kernel().set_prefetch(int(raw))
     return int(raw)
 
 

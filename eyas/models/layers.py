@@ -101,6 +101,11 @@ class RopeTable:
         self._grow(slots, positions.device)
         return self.cos[positions][:, None].to(dtype), self.sin[positions][:, None].to(dtype)
 
+    def tables(self, slots: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, signed sin) [S >= slots, Dh] float32 for positions 0 .. S - 1 (what ``rows`` indexes)."""
+        self._grow(slots, device)
+        return self.cos, self._signed
+
     def rows(self, positions: torch.Tensor, dtype: torch.dtype, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T], all < slots -> (cos, signed sin) [T, Dh] in ``dtype``, contiguous: the layout of the
         compiled RoPE (eyas/kernels/layer_ops.cpp; the signed sin carries rotate_half's minus on its first half).

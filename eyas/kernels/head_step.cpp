@@ -1,0 +1,269 @@
+// A one-layer EAGLE-3 draft head's whole call as one native function: embedding, the layer, the final norm, the
+// vocabulary head and log-softmax.
+//
+// The head runs right after a verify forward has streamed ~100 MB of the target's weights through the caches, and
+// each small torch op there pays for its code and bookkeeping coming back from DRAM: on the Zen 4 VM the head's call
+// over 2 rows (embedding, layer, vocabulary head, log-softmax: ~25 ops and 5 kernel calls) took ~0.94 ms first after
+// the target's projections against ~0.30 ms in a hot loop, and touching the head's weights first did not close the
+// gap (its code and torch's did). Here the call is one entry from Python and one pass of C++ over the same kernels:
+//
+//   x    = [norm_in(embed[tokens]), norm_hid(hid)]        rms_norm.h, in the head's dtype T
+//   qkv  = T(int8(x @ Wqkv))                               head_i8.h
+//   q    = rope_cache(qkv) (k, v to the head's cache)      layer_ops.h
+//   y    = T(path_attention(q, cache, paths))              path_attn.h
+//   r    = residual + T(int8(y @ Wo))                      residual = hid (or norm_hid(hid))
+//   out  = r + T(int8(T(silu(gate)) * up @ Wdown)),  gate | up = T(int8(norm_post(r) @ Wgu))
+//   logp = log_softmax(float(T(int8(norm(out) @ Wlm))))   rows logits_from .. T - 1
+//
+// Every step is the torch fast path's (eyas.drafters.head_kernels.fast_layer, Eagle3Drafter._logp) with the same
+// kernels and the same roundings to T between them, except silu and log-softmax (torch's vectorised exp against
+// libm's here: the last float bit, rarely a bf16 one). Only the draft can change; verification keeps the output
+// lossless.
+#include "head_i8.h"
+#include "layer_ops.h"
+#include "path_attn.h"
+#include "rms_norm.h"
+
+#include <cmath>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+// one projection as eyas.models.int8_rows.Int8Rows holds it: data (tiled: head_i8's pack()), scale, sums
+struct Proj {
+  at::Tensor data, scale, sums;
+  bool tiled;
+  int64_t n, k;
+};
+
+using ProjArgs = std::tuple<at::Tensor, bool, at::Tensor, at::Tensor>;
+
+Proj make_proj(const ProjArgs& a, int64_t k, const char* what) {
+  auto [data, tiled, scale, sums] = a;
+  const int64_t n = scale.numel();
+  TORCH_CHECK(data.dim() == 2 && data.scalar_type() == at::kChar && data.size(1) == k && data.is_contiguous(),
+              "head_step: ", what, " weights [N, ", k, "] int8, contiguous");
+  TORCH_CHECK(!tiled || eyas_head_i8::tiles(), "head_step: ", what, " is tiled but this build reads rows");
+  TORCH_CHECK(data.size(0) == (tiled ? (n + 3) / 4 * 4 : n), "head_step: ", what, " has ", data.size(0), " rows for ",
+              n, " outputs");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && sums.scalar_type() == at::kInt && sums.numel() == n &&
+                  scale.is_contiguous() && sums.is_contiguous(),
+              "head_step: ", what, " scale [N] float32, sums [N] int32");
+  return Proj{data, scale, sums, tiled, n, k};
+}
+
+template <typename T>
+inline float f(T x) { return static_cast<float>(x); }
+
+class HeadStep {
+ public:
+  HeadStep(at::Tensor embed, std::vector<at::Tensor> norms, double eps, ProjArgs qkv, ProjArgs o, ProjArgs gate_up,
+           ProjArgs down, ProjArgs lm_head, int64_t heads, int64_t kv_heads, int64_t head_dim,
+           bool norm_before_residual, int64_t prefetch)
+      : embed_(embed.contiguous()), eps_(static_cast<float>(eps)), h_(heads), hk_(kv_heads), dh_(head_dim),
+        d_(embed.size(1)), norm_before_residual_(norm_before_residual), prefetch_(prefetch),
+        scale_(static_cast<float>(std::pow(static_cast<double>(head_dim), -0.5))) {  // Python's dh ** -0.5
+    const auto t = embed_.scalar_type();
+    TORCH_CHECK(embed_.dim() == 2 && (t == at::kBFloat16 || t == at::kFloat), "head_step: embed [V, D] bf16 or float32");
+    TORCH_CHECK(norms.size() == 4, "head_step: four norm weights (input, hidden, post-attention, final)");
+    for (auto& w : norms) {
+      TORCH_CHECK(w.scalar_type() == t && w.numel() == d_, "head_step: norm weights [D] in the embedding's dtype");
+      norms_.push_back(w.contiguous());
+    }
+    qkv_ = make_proj(qkv, 2 * d_, "q|k|v");
+    o_ = make_proj(o, h_ * dh_, "o_proj");
+    gu_ = make_proj(gate_up, d_, "gate|up");
+    down_ = make_proj(down, gu_.n / 2, "down_proj");
+    lm_ = make_proj(lm_head, d_, "lm_head");
+    TORCH_CHECK(qkv_.n == (h_ + 2 * hk_) * dh_ && o_.n == d_ && down_.n == d_ && gu_.n % 2 == 0,
+                "head_step: projection shapes do not match heads ", h_, "/", hk_, " x ", dh_, " and D ", d_);
+    TORCH_CHECK(eyas_path_attn::supports(h_ / hk_, dh_) && h_ % hk_ == 0 && dh_ % 2 == 0 && dh_ <= 512,
+                "head_step: no attention kernel for ", h_ / hk_, " query heads a KV head of ", dh_);
+  }
+
+  // See run_t. Returns (out [T, D] in the head's dtype, logp [T - logits_from, V_draft] float32).
+  std::tuple<at::Tensor, at::Tensor> run(at::Tensor tokens, at::Tensor hid, at::Tensor rows, at::Tensor cos_table,
+                                         at::Tensor sin_table, int64_t pos0, int64_t pos_step, at::Tensor k_cache,
+                                         at::Tensor v_cache, int64_t write_start, int64_t prefix, at::Tensor slots,
+                                         at::Tensor lengths, int64_t logits_from) {
+    const int64_t t = tokens.numel();
+    TORCH_CHECK(tokens.scalar_type() == at::kLong && t >= 1 && t <= 64, "head_step: 1 to 64 int64 tokens");
+    TORCH_CHECK(hid.scalar_type() == embed_.scalar_type() && hid.dim() == 2 && hid.size(1) == d_ && hid.is_contiguous(),
+                "head_step: hid [P, D] contiguous, in the head's dtype");
+    TORCH_CHECK(rows.numel() == 0 ? hid.size(0) == t : rows.numel() == t && rows.scalar_type() == at::kLong,
+                "head_step: rows [T] int64 into hid, or empty with hid [T, D]");
+    TORCH_CHECK(cos_table.scalar_type() == at::kFloat && sin_table.scalar_type() == at::kFloat &&
+                    cos_table.is_contiguous() && sin_table.is_contiguous() && cos_table.size(1) == dh_ &&
+                    sin_table.sizes() == cos_table.sizes(),
+                "head_step: cos, signed sin tables [S, Dh] float32");
+    const int64_t last = pos0 + pos_step * (t - 1);
+    TORCH_CHECK(pos0 >= 0 && last >= 0 && pos0 < cos_table.size(0) && last < cos_table.size(0),
+                "head_step: positions past the RoPE table");
+    // the head's cache: [L, B, Hk, S, Dh] float32, layer 0 and sequence 0 used
+    TORCH_CHECK(k_cache.dim() == 5 && k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat &&
+                    v_cache.sizes() == k_cache.sizes() && k_cache.size(2) == hk_ && k_cache.size(4) == dh_ &&
+                    k_cache.stride(4) == 1 && v_cache.stride(4) == 1,
+                "head_step: k, v caches [L, B, Hk, S, Dh] float32");
+    TORCH_CHECK(write_start >= 0 && write_start + t <= k_cache.size(3) && prefix >= 0 && prefix <= write_start,
+                "head_step: slots past the head's cache");
+    TORCH_CHECK(slots.scalar_type() == at::kLong && slots.dim() == 2 && slots.size(0) == t && slots.is_contiguous() &&
+                    lengths.scalar_type() == at::kLong && lengths.numel() == t && lengths.is_contiguous(),
+                "head_step: slots [T, P], lengths [T] int64");
+    TORCH_CHECK(logits_from >= 0 && logits_from < t, "head_step: logits_from in 0 .. T - 1");
+    const auto tok = tokens.contiguous();
+    const int64_t* tk = tok.data_ptr<int64_t>();
+    for (int64_t i = 0; i < t; ++i)
+      TORCH_CHECK(tk[i] >= 0 && tk[i] < embed_.size(0), "head_step: token ", tk[i], " outside the embedding");
+    if (rows.numel()) {
+      const int64_t* rp = rows.data_ptr<int64_t>();
+      for (int64_t i = 0; i < t; ++i)
+        TORCH_CHECK(rp[i] >= 0 && rp[i] < hid.size(0), "head_step: row ", rp[i], " outside hid");
+    }
+    auto out = at::empty({t, d_}, hid.options());
+    auto logp = at::empty({t - logits_from, lm_.n}, hid.options().dtype(at::kFloat));
+    const Call c{tk, rows.numel() ? rows.data_ptr<int64_t>() : nullptr, t, cos_table.data_ptr<float>(),
+                 sin_table.data_ptr<float>(), pos0, pos_step, k_cache, v_cache, write_start, prefix,
+                 slots.data_ptr<int64_t>(), slots.size(1), lengths.data_ptr<int64_t>(), logits_from};
+    if (hid.scalar_type() == at::kBFloat16)
+      run_t(c, hid.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), logp.data_ptr<float>());
+    else
+      run_t(c, hid.data_ptr<float>(), out.data_ptr<float>(), logp.data_ptr<float>());
+    return {out, logp};
+  }
+
+ private:
+  struct Call {
+    const int64_t* tokens;
+    const int64_t* rows;  // nullptr: hid's rows in order
+    int64_t t;
+    const float* cos;
+    const float* sin;
+    int64_t pos0, pos_step;
+    const at::Tensor& k_cache;
+    const at::Tensor& v_cache;
+    int64_t write_start, prefix;
+    const int64_t* slots;
+    int64_t path_width;
+    const int64_t* lengths;
+    int64_t logits_from;
+  };
+
+  template <typename T>
+  void norm(const T* x, int64_t rows, int w, T* y) const {
+    eyas_rms_norm::norm_rows(x, norms_[w].data_ptr<T>(), y, rows, d_, eps_);
+  }
+
+  // y [m, n] in T = T(x [m, k] @ W^T): the int8 kernel's float32 sums rounded to T, as Int8Rows.linear returns them
+  template <typename T>
+  void project(const Proj& p, const T* x, int64_t m, std::vector<float>& acc, T* y) const {
+    acc.resize(m * p.n);
+    eyas_head_i8::run_into(x, m, p.k, p.data.data_ptr<int8_t>(), p.tiled, p.scale.data_ptr<float>(),
+                           p.sums.data_ptr<int32_t>(), nullptr, p.n, acc.data(), prefetch_);
+    for (int64_t i = 0; i < m * p.n; ++i) y[i] = static_cast<T>(acc[i]);
+  }
+
+  template <typename T>
+  void run_t(const Call& c, const T* hid, T* out, float* logp) const {
+    const int64_t t = c.t, d = d_, qn = h_ * dh_;
+    std::vector<float> acc;
+    // the layer's input [T, 2D]: norm_in(embedding) | norm_hid(hid)
+    std::vector<T> emb(t * d), hrows(t * d), normed(t * d), x(t * 2 * d);
+    const T* table = embed_.data_ptr<T>();
+    for (int64_t i = 0; i < t; ++i) {
+      std::copy(table + c.tokens[i] * d, table + (c.tokens[i] + 1) * d, emb.begin() + i * d);
+      const int64_t r = c.rows ? c.rows[i] : i;
+      std::copy(hid + r * d, hid + (r + 1) * d, hrows.begin() + i * d);
+    }
+    norm(emb.data(), t, 0, emb.data());
+    norm(hrows.data(), t, 1, normed.data());
+    for (int64_t i = 0; i < t; ++i) {
+      std::copy(emb.begin() + i * d, emb.begin() + (i + 1) * d, x.begin() + i * 2 * d);
+      std::copy(normed.begin() + i * d, normed.begin() + (i + 1) * d, x.begin() + i * 2 * d + d);
+    }
+    // attention: q|k|v, RoPE with k and v into the cache, each row over the committed slots and its path
+    std::vector<T> qkv(t * qkv_.n), cs(t * dh_), sn(t * dh_);
+    project(qkv_, x.data(), t, acc, qkv.data());
+    for (int64_t i = 0; i < t; ++i) {  // RopeTable.rows: the float32 tables' rows at each position, rounded to T
+      const int64_t p = c.pos0 + c.pos_step * i;
+      for (int64_t j = 0; j < dh_; ++j) {
+        cs[i * dh_ + j] = static_cast<T>(c.cos[p * dh_ + j]);
+        sn[i * dh_ + j] = static_cast<T>(c.sin[p * dh_ + j]);
+      }
+    }
+    const at::Tensor& kc = c.k_cache;
+    const at::Tensor& vc = c.v_cache;
+    float* kp = kc.data_ptr<float>();
+    float* vp = vc.data_ptr<float>();
+    std::vector<float> q(t * qn), y(t * qn);
+    eyas_layer_ops::rope_rows(qkv.data(), qkv_.n, cs.data(), sn.data(), t, h_, hk_, dh_, q.data(), kp, vp,
+                              kc.stride(2), kc.stride(3), vc.stride(2), vc.stride(3), c.write_start);
+    eyas_path_attn::path_run(q.data(), static_cast<const float*>(kp), static_cast<const float*>(vp), c.slots,
+                             c.lengths, y.data(), t, h_, dh_, hk_, c.path_width, kc.stride(2), kc.stride(3),
+                             vc.stride(2), vc.stride(3), c.prefix, scale_);
+    std::vector<T> yt(t * qn), ao(t * d), r(t * d), rn(t * d);
+    for (int64_t i = 0; i < t * qn; ++i) yt[i] = static_cast<T>(y[i]);
+    project(o_, yt.data(), t, acc, ao.data());
+    const T* res = norm_before_residual_ ? normed.data() : hrows.data();
+    for (int64_t i = 0; i < t * d; ++i) r[i] = static_cast<T>(f(res[i]) + f(ao[i]));
+    // MLP: down(T(silu(gate)) * up), gate | up one projection
+    const int64_t inter = gu_.n / 2;
+    std::vector<T> gu(t * gu_.n), m(t * inter), dn(t * d);
+    norm(r.data(), t, 2, rn.data());
+    project(gu_, rn.data(), t, acc, gu.data());
+    for (int64_t i = 0; i < t; ++i)
+      for (int64_t j = 0; j < inter; ++j) {
+        const float g = f(gu[i * gu_.n + j]);
+        const T s = static_cast<T>(g / (1.0f + std::exp(-g)));
+        m[i * inter + j] = static_cast<T>(f(s) * f(gu[i * gu_.n + inter + j]));
+      }
+    project(down_, m.data(), t, acc, dn.data());
+    for (int64_t i = 0; i < t * d; ++i) out[i] = static_cast<T>(f(r[i]) + f(dn[i]));
+    // draft log-probs of rows logits_from .. T - 1: norm, vocabulary head (its logits rounded to T), log-softmax
+    const int64_t lr = t - c.logits_from, v = lm_.n;
+    std::vector<T> fin(lr * d), lg(lr * v);
+    norm(out + c.logits_from * d, lr, 3, fin.data());
+    project(lm_, fin.data(), lr, acc, lg.data());
+    for (int64_t i = 0; i < lr; ++i) log_softmax(lg.data() + i * v, v, logp + i * v);
+  }
+
+  template <typename T>
+  static void log_softmax(const T* x, int64_t v, float* out) {
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < v; ++j) mx = std::max(mx, f(x[j]));
+    float sum = 0.0f;
+    for (int64_t j = 0; j < v; ++j) {
+      out[j] = f(x[j]) - mx;
+      sum += std::exp(out[j]);
+    }
+    const float ls = std::log(sum);
+    for (int64_t j = 0; j < v; ++j) out[j] -= ls;
+  }
+
+  at::Tensor embed_;
+  std::vector<at::Tensor> norms_;
+  float eps_;
+  int64_t h_, hk_, dh_, d_;
+  bool norm_before_residual_;
+  int64_t prefetch_;
+  float scale_;
+  Proj qkv_, o_, gu_, down_, lm_;
+};
+
+bool available() {
+#ifdef EYAS_HEAD_I8
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::class_<HeadStep>(m, "HeadStep")
+      .def(py::init<at::Tensor, std::vector<at::Tensor>, double, ProjArgs, ProjArgs, ProjArgs, ProjArgs, ProjArgs,
+                    int64_t, int64_t, int64_t, bool, int64_t>())
+      .def("run", &HeadStep::run, "one head call: (out [T, D], logp [T - logits_from, V_draft] float32)");
+  m.def("available", &available, "whether the int8 projections were built (AVX512-VNNI or AVX2)");
+}

@@ -1,0 +1,110 @@
+"""The EAGLE-3 head's call as one native call (eyas.drafters.head_step): the torch fast path's outputs, cache entries
+and draft log-probs, used where it serves, lossless in decoding, and bad input refused with the reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eyas import kernels
+from eyas.decode import DecodeConfig, SpecDecoder
+from eyas.drafters.eagle3 import Eagle3Drafter, random_eagle3_head
+from eyas.drafters.head_kernels import HeadPaths
+
+STEP = kernels.head_step()
+needs_step = pytest.mark.skipif(STEP is None or not STEP.available(), reason="needs the compiled head step (AVX2)")
+DTYPES = (pytest.param(torch.float32, id="f32"), pytest.param(torch.bfloat16, id="bf16"))
+
+
+def _drafter(tiny, dtype: torch.dtype, monkeypatch) -> Eagle3Drafter:
+    monkeypatch.setenv("EYAS_HEAD_INT8", "1")  # int8 rows for a bf16 head too, whatever this CPU's timing says
+    target = tiny.native("llama", seed=0).to(dtype)
+    head = random_eagle3_head(target.config, draft_vocab_size=128, seed=3)
+    drafter = Eagle3Drafter(target_model=target, head=head, tree="dynamic:2,3,4")
+    if drafter.step is None:
+        pytest.skip("no int8 head here (the bf16 block kernel or the int8 kernel is missing)")
+    return drafter
+
+
+def _calls(d: Eagle3Drafter, step) -> list[torch.Tensor]:
+    """An extension of 5 rows after 7 committed slots, then a tree level of 3 nodes (parents 4, 4, 2 of it), through
+    ``step`` (None: the torch fast path); returns every output, the log-probs and the cache entries written.
+    """
+    d.step = step
+    d.start(64)
+    cfg, g = d.head.config, torch.Generator().manual_seed(0)
+    cache = d.state.cache
+    cache.k[0, 0, :, :7] = torch.randn(cfg.num_kv_heads, 7, cfg.head_dim, generator=g)
+    cache.v[0, 0, :, :7] = torch.randn(cfg.num_kv_heads, 7, cfg.head_dim, generator=g)
+    dtype = d.head_dtype
+    tokens = torch.randint(0, cfg.vocab_size, (5,), generator=g)
+    feats = torch.randn(5, cfg.hidden_size, generator=g).to(dtype)
+    with torch.inference_mode():
+        h, logp = d._fast_call(tokens, feats, None, 7, 1, 7, HeadPaths.causal(7, 5), 4)
+        paths = HeadPaths.from_seen(12, [[0], [1], [2]])
+        h2, logp2 = d._fast_call(torch.tensor([3, 9, 40]), h, torch.tensor([4, 4, 2]), 12, 0, 12, paths, 0)
+    return [h, logp, h2, logp2, cache.k[0, 0, :, 7:15].clone(), cache.v[0, 0, :, 7:15].clone()]
+
+
+@needs_step
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_native_call_is_the_torch_fast_path(tiny, dtype, monkeypatch) -> None:
+    """Same kernels, same roundings: outputs and cache entries to the bit but for silu's exp (at most one ulp of the
+    head's dtype, rarely); log-probs to float32 rounding (libm's exp against torch's); the same top draft tokens."""
+    d = _drafter(tiny, dtype, monkeypatch)
+    step = d.step
+    ref, got = _calls(d, None), _calls(d, step)
+    for r, x in zip(ref, got, strict=True):
+        assert x.shape == r.shape and x.dtype == r.dtype
+    torch.testing.assert_close(got[4], ref[4], rtol=0, atol=0)  # k: written before the MLP, to the bit
+    torch.testing.assert_close(got[5], ref[5], rtol=0, atol=0)
+    ulp = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -22
+    for i in (0, 2):
+        diff = (got[i].float() - ref[i].float()).abs()
+        assert (diff <= ulp * ref[i].float().abs().clamp(min=1e-3) * 2).all()
+        assert (diff > 0).float().mean() < 0.05
+    for i in (1, 3):
+        torch.testing.assert_close(got[i], ref[i], rtol=0, atol=1e-4)
+        assert torch.equal(got[i].argmax(-1), ref[i].argmax(-1))
+    assert got[1].shape[0] == 1 and got[3].shape[0] == 3  # logits_from: the extension's last row only
+
+
+@needs_step
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_greedy_decoding_with_the_native_call_is_plain_greedy(tiny, dtype, monkeypatch) -> None:
+    d = _drafter(tiny, dtype, monkeypatch)
+    target = d.target
+    prompt = torch.randint(0, target.config.vocab_size, (11,), generator=torch.Generator().manual_seed(5))
+
+    def tokens(drafter) -> list[int]:
+        dec = SpecDecoder(target, drafter, DecodeConfig(max_new_tokens=40, exact=dtype == torch.bfloat16))
+        return [t for ev in dec.generate(prompt) for t in ev.tokens.tolist()]
+
+    calls = []
+    real = d.step.native.run
+    d.step.native = type("Spy", (), {"run": lambda self, *a: calls.append(1) or real(*a)})()
+    assert tokens(d) == tokens(None)
+    assert len(calls) > 10  # the native call drafted: extensions and tree levels
+
+
+def test_the_switch_keeps_the_torch_path(tiny, monkeypatch) -> None:
+    monkeypatch.setenv("EYAS_HEAD_STEP", "0")
+    target = tiny.native("llama", seed=0)
+    d = Eagle3Drafter(target_model=target, head=random_eagle3_head(target.config, draft_vocab_size=128, seed=3))
+    assert d.step is None
+
+
+@needs_step
+def test_bad_input_is_refused_with_the_reason(tiny, monkeypatch) -> None:
+    d = _drafter(tiny, torch.float32, monkeypatch)
+    d.start(32)
+    cfg = d.head.config
+    feats = torch.zeros(2, cfg.hidden_size)
+    paths = HeadPaths.causal(0, 2)
+    with torch.inference_mode():
+        with pytest.raises(RuntimeError, match="outside the embedding"):
+            d.step(torch.tensor([1, cfg.vocab_size]), feats, None, 0, 1, d.state.cache, 0, paths, 1)
+        with pytest.raises(RuntimeError, match="slots past the head's cache"):
+            d.step(torch.tensor([1, 2]), feats, None, 0, 1, d.state.cache, 10_000, paths, 1)
+        with pytest.raises(RuntimeError, match="in the head's dtype"):
+            d.step(torch.tensor([1, 2]), feats.bfloat16(), None, 0, 1, d.state.cache, 0, paths, 1)
