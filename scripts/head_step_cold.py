@@ -1,0 +1,72 @@
+"""One draft-head call (the fused taps, then the head over 2 rows with the last row's log-probs and top-2) timed the
+way a decoding step meets it: first after the target's block projections (one forward's weight stream: the call's
+code, torch's and the head's weights back from DRAM) and in a hot loop, through the native call
+(eyas.drafters.head_step) and through the torch fast path, alternating round by round in one process.
+
+python scripts/head_step_cold.py --rounds 3 --passes 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import eyas
+from eyas.drafters.head_kernels import HeadPaths
+from eyas.models.decode_plan import DecodePlan
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--passes", type=int, default=40)
+    a = ap.parse_args()
+    spec = eyas.load(dtype="bfloat16")
+    model = spec.target.model
+    plan = DecodePlan.build(model)
+    drafter = spec.drafter.head  # the hybrid drafter's EAGLE-3 drafter
+    step = drafter.step
+    if plan is None or step is None:
+        raise SystemExit("needs the embedded GGUF target in bf16 with its decode plan and the native head call "
+                         "(a CPU with AVX512-BF16, the kernels built, EYAS_HEAD_STEP not 0)")
+    d, i = model.config.hidden_size, model.config.intermediate_size
+    projs = [(p, k) for layer in plan.layers for p, k in ((layer.qkv, d), (layer.o, d), (layer.gate_up, d),
+                                                          (layer.down, i))]
+    xs = [torch.randn(1, k).bfloat16() for _, k in projs]
+    taps = torch.randn(2, len(drafter.taps), d).bfloat16()
+    tokens = torch.tensor([5, 77])
+    drafter.start(512)
+
+    def forward() -> None:
+        for (p, _), x in zip(projs, xs, strict=True):
+            plan.blocks.linear(x, p.data, p.code, p.bias)
+
+    def call() -> None:
+        feats = drafter.head.fuse(taps)
+        _, logp = drafter._fast_call(tokens, feats, None, 100, 1, 100, HeadPaths.causal(100, 2), 1)
+        logp[-1].topk(2)
+
+    out: dict[tuple[str, str], list[float]] = {}
+    with torch.inference_mode():
+        for _ in range(a.rounds):
+            for path, native in (("torch", None), ("native", step)):
+                drafter.step = native
+                for when, prelude in (("first after the projections", forward), ("hot loop", lambda: None)):
+                    times = []
+                    for _ in range(a.passes):
+                        prelude()
+                        t0 = time.perf_counter()
+                        call()
+                        times.append(time.perf_counter() - t0)
+                    out.setdefault((path, when), []).append(1e6 * statistics.median(times))
+    drafter.step = step
+    print(f"us a call (median of {a.passes} passes, each round):")
+    for (path, when), v in out.items():
+        print(f"  {path:7s} {when:28s} " + " ".join(f"{x:7.0f}" for x in v))
+
+
+if __name__ == "__main__":
+    main()
