@@ -250,14 +250,6 @@ class HeadStep {
   Proj qkv_, o_, gu_, down_, lm_;
 };
 
-bool available() {
-#ifdef EYAS_HEAD_I8
-  return true;
-#else
-  return false;
-#endif
-}
-
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -265,5 +257,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<at::Tensor, std::vector<at::Tensor>, double, ProjArgs, ProjArgs, ProjArgs, ProjArgs, ProjArgs,
                     int64_t, int64_t, int64_t, bool, int64_t>())
       .def("run", &HeadStep::run, "one head call: (out [T, D], logp [T - logits_from, V_draft] float32)");
-  m.def("available", &available, "whether the int8 projections were built (AVX512-VNNI or AVX2)");
+  m.def("available", &eyas_head_i8::available, "whether the int8 projections were built (AVX512-VNNI or AVX2)");
 }
