@@ -15,7 +15,6 @@ import time
 import torch
 
 import eyas
-from eyas.drafters.head_kernels import HeadPaths
 from eyas.models.decode_plan import DecodePlan
 
 
@@ -37,7 +36,7 @@ def main() -> None:
                                                           (layer.down, i))]
     xs = [torch.randn(1, k).bfloat16() for _, k in projs]
     taps = torch.randn(2, len(drafter.taps), d).bfloat16()
-    tokens = torch.tensor([5, 77])
+    tokens = [5, 77]
     drafter.start(512)
 
     def forward() -> None:
@@ -46,8 +45,9 @@ def main() -> None:
 
     def call() -> None:
         feats = drafter.head.fuse(taps)
-        _, logp = drafter._fast_call(tokens, feats, None, 100, 1, 100, HeadPaths.causal(100, 2), 1)
-        logp[-1].topk(2)
+        out = drafter._fast_call(tokens, feats, None, 100, 1, 100, 100, [[0], [0, 1]], 1)
+        if out.top is None:  # the torch path: the tree's top-k as the expansion takes it
+            out.logp[-1].topk(2)
 
     out: dict[tuple[str, str], list[float]] = {}
     with torch.inference_mode():

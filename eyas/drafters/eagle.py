@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from eyas.drafters.base import Drafter, TargetFeatures, register_drafter
-from eyas.drafters.expansion import Feed, make_expansion
+from eyas.drafters.expansion import DynamicExpansion, Feed, make_expansion
 from eyas.drafters.head_kernels import HeadPaths, fast_layer, fast_layer_ready, fuse_head_blocks_
-from eyas.drafters.head_step import HeadStep
+from eyas.drafters.head_step import HeadOut, HeadStep
 from eyas.formats import read_weights, weight_keys
 from eyas.kv.static import KVCache
 from eyas.models import gguf_tuning
@@ -123,8 +123,7 @@ def load_eagle_head(p: Path, target_cfg: ModelConfig, dtype: torch.dtype) -> Eag
 class _HeadState:
     cache: KVCache
     n: int  # committed head slots (= target positions with features)
-    root_hidden: torch.Tensor  # [D] head output at the last committed slot
-    root_logp: torch.Tensor  # [V] draft log-probs of the root's children
+    root: HeadOut | None  # the head's call at the last committed slot: its output and its children's log-probs
 
 
 @register_drafter("eagle")
@@ -154,7 +153,7 @@ class EagleDrafter(Drafter):
         c = self.head.config
         cache = KVCache.empty(c.num_layers, 1, c.num_kv_heads, max_slots + self.expansion.max_fed + 1, c.head_dim,
                               head_cache_dtype(self.head_dtype, self.target.device), self.target.device)
-        self.state = _HeadState(cache=cache, n=0, root_hidden=None, root_logp=None)
+        self.state = _HeadState(cache=cache, n=0, root=None)
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         emb = self.head.embed_tokens if self.head.embed_tokens is not None else self.target.embed
@@ -177,15 +176,14 @@ class EagleDrafter(Drafter):
         s = self.state
         m = tokens.shape[0]
         if self.fast and m <= FAST_ROWS:  # a step's accepted tokens (prompts take the batched torch path)
-            h, logp = self._fast_call(tokens, self._feature_in(feats), None, s.n, 1, s.n, HeadPaths.causal(s.n, m),
-                                      m - 1)
+            out = self._fast_call(tokens.tolist(), self._feature_in(feats), None, s.n, 1, s.n, s.n,
+                                  [list(range(i + 1)) for i in range(m)], m - 1)
         else:
             pos = torch.arange(s.n, s.n + m, device=tokens.device)
             h = self.head(self._embed(tokens[None]), self._feature_in(feats)[None], pos[None], s.cache, s.n, None)[0]
-            logp = self._logp(h[-1:])
+            out = HeadOut(h, self._logp(h[-1:]))
         s.n += m
-        s.root_hidden = h[-1]
-        s.root_logp = logp[-1]
+        s.root = out.last()
 
     @torch.inference_mode()
     def propose(self, history: torch.Tensor, sampling: SamplingParams, generator=None) -> DraftOutput:
@@ -198,45 +196,57 @@ class EagleDrafter(Drafter):
         them as the tree; the hybrid drafter merges the books with lookup's chains instead).
         """
         s = self.state
-        feed = self.expansion.start(history[-1].cpu(), s.root_logp)
-        parent_h = s.root_hidden[None]  # [1, D]
+        feed = self._next_feed(s.root, history[-1].cpu())
+        parent_h = s.root.hidden  # [1, D]
         fed = 0
         while feed is not None:
-            h, logp = self._run_feed(feed, parent_h, fed)
-            fed += feed.tokens.shape[0]
-            parent_h = h
-            feed = self.expansion.grow(logp)
+            out = self._run_feed(feed, parent_h, fed)
+            fed += out.hidden.shape[0]
+            parent_h = out.hidden
+            feed = self._next_feed(out)
 
-    def _run_feed(self, feed: Feed | Frontier, parent_h: torch.Tensor,
-                  fed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the head on one tree level -> (its outputs [F, D], their draft log-probs [F, V])."""
+    def _next_feed(self, out: HeadOut, root: torch.Tensor | None = None) -> Feed | Frontier | None:
+        """The expansion's next level from a head call's results: from the call's top-k where it made them (the native
+        call), else from its log-probs. ``root`` (the root's token): the first level, from ``out``'s one row.
+        """
+        if root is None:
+            return self.expansion.grow_top(*out.top) if out.top is not None else self.expansion.grow(out.logp)
+        if out.top is not None:
+            return self.expansion.start_top(root, out.top[0][0], out.top[1][0])
+        return self.expansion.start(root, out.logp[0])
+
+    def _run_feed(self, feed: Feed | Frontier, parent_h: torch.Tensor, fed: int) -> HeadOut:
+        """Run the head on one tree level (parent_h [P, D]: the previous level's outputs)."""
         s = self.state
-        f, dev = feed.tokens.shape[0], parent_h.device
+        seen = feed.seen
+        f, dev = len(seen), parent_h.device
         if self.fast and f <= FAST_ROWS:
-            paths = HeadPaths.from_seen(s.n, feed.seen)
-            return self._fast_call(feed.tokens.to(dev), parent_h, feed.parent_rows.to(dev), s.n - 1 + feed.depth, 0,
-                                   s.n + fed, paths, 0)
+            return self._fast_call(feed.token_list, parent_h, feed.parent_row_list, s.n - 1 + feed.depth, 0, s.n + fed,
+                                   s.n, seen, 0)
         mask = torch.cat([torch.ones(f, s.n, dtype=torch.bool, device=dev), feed.mask.to(dev)], dim=1)
         pos = torch.full((1, f), s.n - 1 + feed.depth, device=dev)
         feats = parent_h[feed.parent_rows.to(dev)][None]
         h = self.head(self._embed(feed.tokens.to(dev)[None]), feats, pos, s.cache, s.n + fed, mask[None])[0]
-        return h, self._logp(h)
+        return HeadOut(h, self._logp(h))
 
-    def _fast_call(self, tokens: torch.Tensor, feats: torch.Tensor, rows: torch.Tensor | None, pos0: int,
-                   pos_step: int, write_start: int, paths: HeadPaths,
-                   logits_from: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The head over T <= FAST_ROWS rows on the compiled kernels: row i takes token i, feature ``feats[rows[i]]``
-        (``feats[i]`` without rows) and position pos0 + pos_step * i, and writes head slot write_start + i ->
-        (outputs [T, D], draft log-probs of rows logits_from .. T - 1 [T - logits_from, V]). One native call where
-        ``self.step`` serves (eyas.drafters.head_step), else the torch fast path.
+    def _fast_call(self, tokens: list[int], feats: torch.Tensor, rows: list[int] | None, pos0: int, pos_step: int,
+                   write_start: int, prefix: int, seen: list[list[int]], logits_from: int) -> HeadOut:
+        """The head over T <= FAST_ROWS rows on the compiled kernels: row i takes ``tokens[i]``, feature
+        ``feats[rows[i]]`` (``feats[i]`` without rows), position pos0 + pos_step * i, writes head slot write_start + i
+        and attends the head's slots below ``prefix`` and then prefix + j for j in ``seen[i]``. Log-probs of rows
+        logits_from .. T - 1. One native call, with each row's top-k for a dynamic tree, where ``self.step`` serves
+        (eyas.drafters.head_step); else the torch fast path.
         """
         s = self.state
         if self.step is not None:
-            return self.step(tokens, feats, rows, pos0, pos_step, s.cache, write_start, paths, logits_from)
-        pos = pos0 + pos_step * torch.arange(tokens.shape[0], device=tokens.device)
-        hid = feats if rows is None else feats[rows]
-        h = self.head.fast_forward(self._embed(tokens), hid, pos, s.cache, write_start, paths)
-        return h, self._logp(h[logits_from:])
+            k = self.expansion.cfg.top_k if isinstance(self.expansion, DynamicExpansion) else 0
+            return self.step(tokens, feats, rows, pos0, pos_step, s.cache, write_start, prefix, seen, logits_from, k)
+        dev = feats.device
+        pos = pos0 + pos_step * torch.arange(len(tokens), device=dev)
+        hid = feats if rows is None else feats[torch.tensor(rows, device=dev)]
+        h = self.head.fast_forward(self._embed(torch.tensor(tokens, device=dev)), hid, pos, s.cache, write_start,
+                                   HeadPaths.from_seen(prefix, seen))
+        return HeadOut(h, self._logp(h[logits_from:]))
 
 
 def head_compute_dtype(target) -> torch.dtype:

@@ -39,6 +39,14 @@ class Feed:
         """
         return [[j for j, v in enumerate(row) if v] for row in self.mask.tolist()]
 
+    @property
+    def token_list(self) -> list[int]:
+        return self.tokens.tolist()
+
+    @property
+    def parent_row_list(self) -> list[int]:
+        return self.parent_rows.tolist()
+
 
 class StaticExpansion:
     """EAGLE-1 / Medusa static tree: children are fixed top-k ranks of each node."""
@@ -121,11 +129,21 @@ class DynamicExpansion:
 
     def start(self, root: torch.Tensor, logp: torch.Tensor) -> Frontier | None:
         top = logp.topk(self.cfg.top_k)  # host sync below: tree books live on CPU
-        return self._feed(self.builder.start(root, top.values.cpu(), self._ids(top.indices)))
+        return self.start_top(root, top.values.cpu(), self._ids(top.indices))
 
     def grow(self, logp: torch.Tensor) -> Frontier | None:
         top = logp.topk(self.cfg.top_k, dim=-1)
-        return self._feed(self.builder.expand(top.values.cpu(), self._ids(top.indices)))
+        return self.grow_top(top.values.cpu(), self._ids(top.indices))
+
+    def start_top(self, root: torch.Tensor, values: torch.Tensor, ids: torch.Tensor) -> Frontier | None:
+        """``start`` from the root's top-k already taken: values [top_k] float log-probs, best first, and their
+        target ids [top_k] long, on the CPU (the native head call's, eyas.drafters.head_step).
+        """
+        return self._feed(self.builder.start(root, values, ids))
+
+    def grow_top(self, values: torch.Tensor, ids: torch.Tensor) -> Frontier | None:
+        """``grow`` from each fed node's top-k already taken: values [F, top_k], ids [F, top_k] target ids (CPU)."""
+        return self._feed(self.builder.expand(values, ids))
 
     def finish(self) -> Tree:
         return self.builder.finish(self.total()).tree

@@ -6,30 +6,46 @@ log-softmax) pays for its code coming back from DRAM. Measured on the Zen 4 VM (
 ~0.94 ms first after the target's projections and ~0.30 ms in a hot loop. ``HeadStep`` runs the same kernels
 (int8 projections, RoPE into the cache, path attention, RMSNorm) from one entry::
 
-    out, logp = step(tokens [T], hid [P, D], rows [T] | None, pos0, pos_step, write_start, paths, logits_from)
+    out = step(tokens, hid [P, D], rows | None, pos0, pos_step, cache, write_start, prefix, seen, logits_from, top_k)
 
 with the same roundings as the torch fast path (``fast_forward`` then ``_logp``) except silu and log-softmax
-(libm's exp against torch's vectorised one: the last float bit). Only the draft can change; verification keeps the
-output lossless. It serves where the head is an ``Eagle3Head`` with one decoder layer whose five projections are
-int8 rows (eyas.models.int8_rows), the target's embedding is a dense table in the head's dtype, the kernel builds
-and ``EYAS_HEAD_STEP`` is not 0; elsewhere the drafter keeps the torch fast path.
+(libm's exp against torch's vectorised one: the last float bit), and each row's top-k already mapped to target ids
+for the tree's books. Tokens, rows and paths go in as Python lists: no tensor is made for them. Only the draft can
+change; verification keeps the output lossless. It serves where the head is an ``Eagle3Head`` with one decoder layer
+whose five projections are int8 rows (eyas.models.int8_rows), the target's embedding is a dense table in the head's
+dtype, the kernel builds and ``EYAS_HEAD_STEP`` is not 0; elsewhere the drafter keeps the torch fast path.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from eyas import kernels
-from eyas.drafters.head_kernels import HeadPaths
 from eyas.kv.static import KVCache
 from eyas.models.gguf_blocks import attached_blocks
 from eyas.models.int8_rows import Int8Rows, prefetch_from_env
 
 _kernel = kernels.Lazy(kernels.head_step, usable=lambda k: k.available())
-_NO_ROWS = torch.empty(0, dtype=torch.long)
+
+
+@dataclass
+class HeadOut:
+    """One head call's results."""
+
+    hidden: torch.Tensor  # [T, D] the rows' outputs before the final norm, in the head's dtype
+    logp: torch.Tensor  # [R, V_draft] float32 draft log-probs of the last R rows (R = T - logits_from)
+    # ([R, k] float32 log-probs, [R, k] long target ids) of each of those rows' k best, best first; None where the
+    # call was not asked for them (the torch path, a static tree)
+    top: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def last(self) -> HeadOut:
+        """The last row's results, each keeping a leading dimension of 1."""
+        top = None if self.top is None else (self.top[0][-1:], self.top[1][-1:])
+        return HeadOut(self.hidden[-1:], self.logp[-1:], top)
 
 
 class HeadStep:
@@ -61,18 +77,19 @@ class HeadStep:
         if len({n.eps for n in norms}) != 1:
             return None
         native = _kernel().HeadStep(embedding.weight.detach(), [n.weight.detach() for n in norms], norms[0].eps,
-                                    *[p.kernel_weights() for p in projs], attn.h, attn.hk, attn.dh,
-                                    head.cfg.norm_before_residual, prefetch_from_env())
+                                    *[p.kernel_weights() for p in projs], head.draft_ids().cpu(), attn.h, attn.hk,
+                                    attn.dh, head.cfg.norm_before_residual, prefetch_from_env())
         return cls(native, head)
 
-    def __call__(self, tokens: torch.Tensor, hid: torch.Tensor, rows: torch.Tensor | None, pos0: int, pos_step: int,
-                 cache: KVCache, write_start: int, paths: HeadPaths,
-                 logits_from: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """tokens [T] long; hid [P, D] in the head's dtype, row ``rows[i]`` (or i, without rows) feeding row i; row i
-        at position pos0 + pos_step * i, its k and v written to slot write_start + i of ``cache`` (layer 0, one
-        sequence, float32) -> (outputs [T, D] before the final norm, draft log-probs [T - logits_from, V_draft]
-        float32).
+    def __call__(self, tokens: list[int], hid: torch.Tensor, rows: list[int] | None, pos0: int, pos_step: int,
+                 cache: KVCache, write_start: int, prefix: int, seen: list[list[int]], logits_from: int,
+                 top_k: int = 0) -> HeadOut:
+        """Row i: ``tokens[i]``, feature ``hid[rows[i]]`` (``hid[i]`` without rows; hid [P, D] in the head's dtype),
+        position pos0 + pos_step * i; its k and v go to slot write_start + i of ``cache`` (layer 0, one sequence,
+        float32); it attends slots 0 .. prefix - 1, then prefix + j for each j of ``seen[i]`` (its path, itself last:
+        ``HeadPaths.from_seen``'s). Log-probs for rows logits_from .. T - 1, with their ``top_k`` best (0: none).
         """
-        cos, sin = self.rope.tables(cache.max_slots, tokens.device)
-        return self.native.run(tokens, hid.contiguous(), _NO_ROWS if rows is None else rows, cos, sin, pos0, pos_step,
-                               cache.k, cache.v, write_start, paths.prefix, paths.slots, paths.lengths, logits_from)
+        cos, sin = self.rope.tables(cache.max_slots, hid.device)
+        out, logp, values, ids = self.native.run(tokens, hid.contiguous(), rows or [], cos, sin, pos0, pos_step,
+                                                 cache.k, cache.v, write_start, prefix, seen, logits_from, top_k)
+        return HeadOut(out, logp, (values, ids) if top_k else None)

@@ -14,6 +14,7 @@
 //   r    = residual + T(int8(y @ Wo))                      residual = hid (or norm_hid(hid))
 //   out  = r + T(int8(T(silu(gate)) * up @ Wdown)),  gate | up = T(int8(norm_post(r) @ Wgu))
 //   logp = log_softmax(float(T(int8(norm(out) @ Wlm))))   rows logits_from .. T - 1
+//   top  = the top_k of each logp row, as target ids          what the tree's books take (no torch topk, no gather)
 //
 // Every step is the torch fast path's (eyas.drafters.head_kernels.fast_layer, Eagle3Drafter._logp) with the same
 // kernels and the same roundings to T between them, except silu and log-softmax (torch's vectorised exp against
@@ -59,9 +60,9 @@ inline float f(T x) { return static_cast<float>(x); }
 class HeadStep {
  public:
   HeadStep(at::Tensor embed, std::vector<at::Tensor> norms, double eps, ProjArgs qkv, ProjArgs o, ProjArgs gate_up,
-           ProjArgs down, ProjArgs lm_head, int64_t heads, int64_t kv_heads, int64_t head_dim,
+           ProjArgs down, ProjArgs lm_head, at::Tensor id_map, int64_t heads, int64_t kv_heads, int64_t head_dim,
            bool norm_before_residual, int64_t prefetch)
-      : embed_(embed.contiguous()), eps_(static_cast<float>(eps)), h_(heads), hk_(kv_heads), dh_(head_dim),
+      : embed_(embed.contiguous()), id_map_(id_map.contiguous()), eps_(static_cast<float>(eps)), h_(heads), hk_(kv_heads), dh_(head_dim),
         d_(embed.size(1)), norm_before_residual_(norm_before_residual), prefetch_(prefetch),
         scale_(static_cast<float>(std::pow(static_cast<double>(head_dim), -0.5))) {  // Python's dh ** -0.5
     const auto t = embed_.scalar_type();
@@ -78,21 +79,28 @@ class HeadStep {
     lm_ = make_proj(lm_head, d_, "lm_head");
     TORCH_CHECK(qkv_.n == (h_ + 2 * hk_) * dh_ && o_.n == d_ && down_.n == d_ && gu_.n % 2 == 0,
                 "head_step: projection shapes do not match heads ", h_, "/", hk_, " x ", dh_, " and D ", d_);
+    TORCH_CHECK(id_map_.scalar_type() == at::kLong && id_map_.numel() == lm_.n,
+                "head_step: id_map [V_draft] int64 (each draft entry's target id)");
     TORCH_CHECK(eyas_path_attn::supports(h_ / hk_, dh_) && h_ % hk_ == 0 && dh_ % 2 == 0 && dh_ <= 512,
                 "head_step: no attention kernel for ", h_ / hk_, " query heads a KV head of ", dh_);
   }
 
-  // See run_t. Returns (out [T, D] in the head's dtype, logp [T - logits_from, V_draft] float32).
-  std::tuple<at::Tensor, at::Tensor> run(at::Tensor tokens, at::Tensor hid, at::Tensor rows, at::Tensor cos_table,
-                                         at::Tensor sin_table, int64_t pos0, int64_t pos_step, at::Tensor k_cache,
-                                         at::Tensor v_cache, int64_t write_start, int64_t prefix, at::Tensor slots,
-                                         at::Tensor lengths, int64_t logits_from) {
-    const int64_t t = tokens.numel();
-    TORCH_CHECK(tokens.scalar_type() == at::kLong && t >= 1 && t <= 64, "head_step: 1 to 64 int64 tokens");
+  // Row i: token tokens[i], feature hid[rows[i]] (hid[i] without rows), position pos0 + pos_step * i; its k and v go
+  // to slot write_start + i of layer 0, sequence 0 of the caches, and it attends slots 0 .. prefix - 1, then
+  // prefix + seen[i][0], prefix + seen[i][1], ... (its path, itself last). Returns (out [T, D] in the head's dtype,
+  // logp [T - logits_from, V_draft] float32, the top_k largest log-probs of each of those rows [R, top_k] float32 and
+  // their target ids [R, top_k] int64, best first, ties to the lower draft id; empty for top_k 0).
+  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> run(
+      std::vector<int64_t> tokens, at::Tensor hid, std::vector<int64_t> rows, at::Tensor cos_table,
+      at::Tensor sin_table, int64_t pos0, int64_t pos_step, at::Tensor k_cache, at::Tensor v_cache,
+      int64_t write_start, int64_t prefix, std::vector<std::vector<int64_t>> seen, int64_t logits_from,
+      int64_t top_k) {
+    const int64_t t = static_cast<int64_t>(tokens.size());
+    TORCH_CHECK(t >= 1 && t <= 64, "head_step: 1 to 64 tokens, got ", t);
     TORCH_CHECK(hid.scalar_type() == embed_.scalar_type() && hid.dim() == 2 && hid.size(1) == d_ && hid.is_contiguous(),
                 "head_step: hid [P, D] contiguous, in the head's dtype");
-    TORCH_CHECK(rows.numel() == 0 ? hid.size(0) == t : rows.numel() == t && rows.scalar_type() == at::kLong,
-                "head_step: rows [T] int64 into hid, or empty with hid [T, D]");
+    TORCH_CHECK(rows.empty() ? hid.size(0) == t : static_cast<int64_t>(rows.size()) == t,
+                "head_step: rows, one per token into hid, or none with hid [T, D]");
     TORCH_CHECK(cos_table.scalar_type() == at::kFloat && sin_table.scalar_type() == at::kFloat &&
                     cos_table.is_contiguous() && sin_table.is_contiguous() && cos_table.size(1) == dh_ &&
                     sin_table.sizes() == cos_table.sizes(),
@@ -107,29 +115,44 @@ class HeadStep {
                 "head_step: k, v caches [L, B, Hk, S, Dh] float32");
     TORCH_CHECK(write_start >= 0 && write_start + t <= k_cache.size(3) && prefix >= 0 && prefix <= write_start,
                 "head_step: slots past the head's cache");
-    TORCH_CHECK(slots.scalar_type() == at::kLong && slots.dim() == 2 && slots.size(0) == t && slots.is_contiguous() &&
-                    lengths.scalar_type() == at::kLong && lengths.numel() == t && lengths.is_contiguous(),
-                "head_step: slots [T, P], lengths [T] int64");
+    TORCH_CHECK(static_cast<int64_t>(seen.size()) == t, "head_step: one path (seen) per token");
     TORCH_CHECK(logits_from >= 0 && logits_from < t, "head_step: logits_from in 0 .. T - 1");
-    const auto tok = tokens.contiguous();
-    const int64_t* tk = tok.data_ptr<int64_t>();
-    for (int64_t i = 0; i < t; ++i)
-      TORCH_CHECK(tk[i] >= 0 && tk[i] < embed_.size(0), "head_step: token ", tk[i], " outside the embedding");
-    if (rows.numel()) {
-      const int64_t* rp = rows.data_ptr<int64_t>();
-      for (int64_t i = 0; i < t; ++i)
-        TORCH_CHECK(rp[i] >= 0 && rp[i] < hid.size(0), "head_step: row ", rp[i], " outside hid");
+    TORCH_CHECK(top_k >= 0 && top_k <= 64 && top_k <= lm_.n, "head_step: top_k 0 to 64");
+    for (int64_t i = 0; i < t; ++i) {
+      TORCH_CHECK(tokens[i] >= 0 && tokens[i] < embed_.size(0), "head_step: token ", tokens[i], " outside the embedding");
+      TORCH_CHECK(rows.empty() || (rows[i] >= 0 && rows[i] < hid.size(0)), "head_step: row ", rows[i], " outside hid");
+    }
+    // the paths as path attention reads them: [T, P] absolute slots (padded with the last) and their lengths
+    int64_t width = 1;
+    for (const auto& p : seen) width = std::max<int64_t>(width, static_cast<int64_t>(p.size()));
+    std::vector<int64_t> slots(t * width), lengths(t);
+    for (int64_t i = 0; i < t; ++i) {
+      const auto& p = seen[i];
+      TORCH_CHECK(!p.empty(), "head_step: an empty path (each row attends at least itself)");
+      for (int64_t j = 0; j < width; ++j) {
+        const int64_t e = p[std::min<int64_t>(j, static_cast<int64_t>(p.size()) - 1)];
+        TORCH_CHECK(e >= 0 && prefix + e < write_start + t, "head_step: path entry ", e, " past the written slots");
+        slots[i * width + j] = prefix + e;
+      }
+      lengths[i] = static_cast<int64_t>(p.size());
     }
     auto out = at::empty({t, d_}, hid.options());
-    auto logp = at::empty({t - logits_from, lm_.n}, hid.options().dtype(at::kFloat));
-    const Call c{tk, rows.numel() ? rows.data_ptr<int64_t>() : nullptr, t, cos_table.data_ptr<float>(),
+    const int64_t lr = t - logits_from;
+    auto logp = at::empty({lr, lm_.n}, hid.options().dtype(at::kFloat));
+    auto top_v = at::empty({lr, top_k}, hid.options().dtype(at::kFloat));
+    auto top_i = at::empty({lr, top_k}, hid.options().dtype(at::kLong));
+    const Call c{tokens.data(), rows.empty() ? nullptr : rows.data(), t, cos_table.data_ptr<float>(),
                  sin_table.data_ptr<float>(), pos0, pos_step, k_cache, v_cache, write_start, prefix,
-                 slots.data_ptr<int64_t>(), slots.size(1), lengths.data_ptr<int64_t>(), logits_from};
+                 slots.data(), width, lengths.data(), logits_from};
     if (hid.scalar_type() == at::kBFloat16)
       run_t(c, hid.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), logp.data_ptr<float>());
     else
       run_t(c, hid.data_ptr<float>(), out.data_ptr<float>(), logp.data_ptr<float>());
-    return {out, logp};
+    const int64_t* ids = id_map_.data_ptr<int64_t>();
+    for (int64_t r = 0; r < lr; ++r)
+      top_row(logp.data_ptr<float>() + r * lm_.n, lm_.n, top_k, ids, top_v.data_ptr<float>() + r * top_k,
+              top_i.data_ptr<int64_t>() + r * top_k);
+    return {out, logp, top_v, top_i};
   }
 
  private:
@@ -227,6 +250,23 @@ class HeadStep {
     for (int64_t i = 0; i < lr; ++i) log_softmax(lg.data() + i * v, v, logp + i * v);
   }
 
+  // the k largest of x [v], best first (equal values: the lower index first), as values and ids[index]
+  static void top_row(const float* x, int64_t v, int64_t k, const int64_t* ids, float* vals, int64_t* out) {
+    std::vector<int64_t> best;  // indices, best first
+    best.reserve(k + 1);
+    for (int64_t j = 0; j < v && k > 0; ++j) {
+      if (static_cast<int64_t>(best.size()) == k && !(x[j] > x[best.back()])) continue;
+      auto at = best.end();
+      while (at != best.begin() && x[j] > x[*(at - 1)]) --at;
+      best.insert(at, j);
+      if (static_cast<int64_t>(best.size()) > k) best.pop_back();
+    }
+    for (int64_t i = 0; i < k; ++i) {
+      vals[i] = x[best[i]];
+      out[i] = ids[best[i]];
+    }
+  }
+
   template <typename T>
   static void log_softmax(const T* x, int64_t v, float* out) {
     float mx = -INFINITY;
@@ -240,7 +280,7 @@ class HeadStep {
     for (int64_t j = 0; j < v; ++j) out[j] -= ls;
   }
 
-  at::Tensor embed_;
+  at::Tensor embed_, id_map_;
   std::vector<at::Tensor> norms_;
   float eps_;
   int64_t h_, hk_, dh_, d_;
@@ -255,7 +295,8 @@ class HeadStep {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<HeadStep>(m, "HeadStep")
       .def(py::init<at::Tensor, std::vector<at::Tensor>, double, ProjArgs, ProjArgs, ProjArgs, ProjArgs, ProjArgs,
-                    int64_t, int64_t, int64_t, bool, int64_t>())
-      .def("run", &HeadStep::run, "one head call: (out [T, D], logp [T - logits_from, V_draft] float32)");
+                    at::Tensor, int64_t, int64_t, int64_t, bool, int64_t>())
+      .def("run", &HeadStep::run,
+           "one head call: (out [T, D], logp [R, V_draft] float32, top-k log-probs [R, k], their target ids [R, k])");
   m.def("available", &eyas_head_i8::available, "whether the int8 projections were built (AVX512-VNNI or AVX2)");
 }

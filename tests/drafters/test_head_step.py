@@ -9,7 +9,6 @@ import torch
 from eyas import kernels
 from eyas.decode import DecodeConfig, SpecDecoder
 from eyas.drafters.eagle3 import Eagle3Drafter, random_eagle3_head
-from eyas.drafters.head_kernels import HeadPaths
 
 STEP = kernels.head_step()
 needs_step = pytest.mark.skipif(STEP is None or not STEP.available(), reason="needs the compiled head step (AVX2)")
@@ -26,9 +25,10 @@ def _drafter(tiny, dtype: torch.dtype, monkeypatch) -> Eagle3Drafter:
     return drafter
 
 
-def _calls(d: Eagle3Drafter, step) -> list[torch.Tensor]:
+def _calls(d: Eagle3Drafter, step):
     """An extension of 5 rows after 7 committed slots, then a tree level of 3 nodes (parents 4, 4, 2 of it), through
-    ``step`` (None: the torch fast path); returns every output, the log-probs and the cache entries written.
+    ``step`` (None: the torch fast path); returns every output, the log-probs and the cache entries written, and the
+    calls' top-k (None on the torch path).
     """
     d.step = step
     d.start(64)
@@ -37,23 +37,24 @@ def _calls(d: Eagle3Drafter, step) -> list[torch.Tensor]:
     cache.k[0, 0, :, :7] = torch.randn(cfg.num_kv_heads, 7, cfg.head_dim, generator=g)
     cache.v[0, 0, :, :7] = torch.randn(cfg.num_kv_heads, 7, cfg.head_dim, generator=g)
     dtype = d.head_dtype
-    tokens = torch.randint(0, cfg.vocab_size, (5,), generator=g)
+    tokens = torch.randint(0, cfg.vocab_size, (5,), generator=g).tolist()
     feats = torch.randn(5, cfg.hidden_size, generator=g).to(dtype)
     with torch.inference_mode():
-        h, logp = d._fast_call(tokens, feats, None, 7, 1, 7, HeadPaths.causal(7, 5), 4)
-        paths = HeadPaths.from_seen(12, [[0], [1], [2]])
-        h2, logp2 = d._fast_call(torch.tensor([3, 9, 40]), h, torch.tensor([4, 4, 2]), 12, 0, 12, paths, 0)
-    return [h, logp, h2, logp2, cache.k[0, 0, :, 7:15].clone(), cache.v[0, 0, :, 7:15].clone()]
+        a = d._fast_call(tokens, feats, None, 7, 1, 7, 7, [list(range(i + 1)) for i in range(5)], 4)
+        b = d._fast_call([3, 9, 40], a.hidden, [4, 4, 2], 12, 0, 12, 12, [[0], [1], [2]], 0)
+    outs = [a.hidden, a.logp, b.hidden, b.logp, cache.k[0, 0, :, 7:15].clone(), cache.v[0, 0, :, 7:15].clone()]
+    return outs, (a.top, b.top)
 
 
 @needs_step
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_native_call_is_the_torch_fast_path(tiny, dtype, monkeypatch) -> None:
     """Same kernels, same roundings: outputs and cache entries to the bit but for silu's exp (at most one ulp of the
-    head's dtype, rarely); log-probs to float32 rounding (libm's exp against torch's); the same top draft tokens."""
+    head's dtype, rarely); log-probs to float32 rounding (libm's exp against torch's); the same top draft tokens, and
+    each row's top-k (the tree's 2) is its log-probs' as target ids."""
     d = _drafter(tiny, dtype, monkeypatch)
     step = d.step
-    ref, got = _calls(d, None), _calls(d, step)
+    (ref, ref_top), (got, got_top) = _calls(d, None), _calls(d, step)
     for r, x in zip(ref, got, strict=True):
         assert x.shape == r.shape and x.dtype == r.dtype
     torch.testing.assert_close(got[4], ref[4], rtol=0, atol=0)  # k: written before the MLP, to the bit
@@ -67,6 +68,11 @@ def test_the_native_call_is_the_torch_fast_path(tiny, dtype, monkeypatch) -> Non
         torch.testing.assert_close(got[i], ref[i], rtol=0, atol=1e-4)
         assert torch.equal(got[i].argmax(-1), ref[i].argmax(-1))
     assert got[1].shape[0] == 1 and got[3].shape[0] == 3  # logits_from: the extension's last row only
+    assert ref_top == (None, None)
+    ids = d.head.draft_ids()
+    for logp, (values, top_ids) in zip((got[1], got[3]), got_top, strict=True):
+        want = logp.topk(2, dim=-1)
+        assert torch.equal(values, want.values) and torch.equal(top_ids, ids[want.indices])
 
 
 @needs_step
@@ -98,13 +104,17 @@ def test_the_switch_keeps_the_torch_path(tiny, monkeypatch) -> None:
 def test_bad_input_is_refused_with_the_reason(tiny, monkeypatch) -> None:
     d = _drafter(tiny, torch.float32, monkeypatch)
     d.start(32)
-    cfg = d.head.config
+    cfg, cache = d.head.config, d.state.cache
     feats = torch.zeros(2, cfg.hidden_size)
-    paths = HeadPaths.causal(0, 2)
+    causal = [[0], [0, 1]]
     with torch.inference_mode():
         with pytest.raises(RuntimeError, match="outside the embedding"):
-            d.step(torch.tensor([1, cfg.vocab_size]), feats, None, 0, 1, d.state.cache, 0, paths, 1)
+            d.step([1, cfg.vocab_size], feats, None, 0, 1, cache, 0, 0, causal, 1)
         with pytest.raises(RuntimeError, match="slots past the head's cache"):
-            d.step(torch.tensor([1, 2]), feats, None, 0, 1, d.state.cache, 10_000, paths, 1)
+            d.step([1, 2], feats, None, 0, 1, cache, 10_000, 0, causal, 1)
         with pytest.raises(RuntimeError, match="in the head's dtype"):
-            d.step(torch.tensor([1, 2]), feats.bfloat16(), None, 0, 1, d.state.cache, 0, paths, 1)
+            d.step([1, 2], feats.bfloat16(), None, 0, 1, cache, 0, 0, causal, 1)
+        with pytest.raises(RuntimeError, match="past the written slots"):
+            d.step([1, 2], feats, None, 0, 1, cache, 0, 0, [[0], [0, 5]], 1)
+        with pytest.raises(RuntimeError, match="outside hid"):
+            d.step([1, 2], feats, [0, 2], 0, 1, cache, 0, 0, causal, 1)
