@@ -176,8 +176,9 @@ class EagleDrafter(Drafter):
         s = self.state
         m = tokens.shape[0]
         if self.fast and m <= FAST_ROWS:  # a step's accepted tokens (prompts take the batched torch path)
-            out = self._fast_call(tokens.tolist(), self._feature_in(feats), None, s.n, 1, s.n, s.n,
-                                  [list(range(i + 1)) for i in range(m)], m - 1)
+            taps = self._native_taps(feats)
+            out = self._fast_call(tokens.tolist(), None if taps else self._feature_in(feats), None, s.n, 1, s.n, s.n,
+                                  [list(range(i + 1)) for i in range(m)], m - 1, taps)
         else:
             pos = torch.arange(s.n, s.n + m, device=tokens.device)
             h = self.head(self._embed(tokens[None]), self._feature_in(feats)[None], pos[None], s.cache, s.n, None)[0]
@@ -229,18 +230,24 @@ class EagleDrafter(Drafter):
         h = self.head(self._embed(feed.tokens.to(dev)[None]), feats, pos, s.cache, s.n + fed, mask[None])[0]
         return HeadOut(h, self._logp(h))
 
-    def _fast_call(self, tokens: list[int], feats: torch.Tensor, rows: list[int] | None, pos0: int, pos_step: int,
-                   write_start: int, prefix: int, seen: list[list[int]], logits_from: int) -> HeadOut:
+    def _native_taps(self, feats: TargetFeatures) -> list[torch.Tensor] | None:
+        """The target's taps for the native call where it fuses them itself (EAGLE-3: Eagle3Drafter), else None."""
+        return None
+
+    def _fast_call(self, tokens: list[int], feats: torch.Tensor | None, rows: list[int] | None, pos0: int,
+                   pos_step: int, write_start: int, prefix: int, seen: list[list[int]], logits_from: int,
+                   taps: list[torch.Tensor] | None = None) -> HeadOut:
         """The head over T <= FAST_ROWS rows on the compiled kernels: row i takes ``tokens[i]``, feature
         ``feats[rows[i]]`` (``feats[i]`` without rows), position pos0 + pos_step * i, writes head slot write_start + i
         and attends the head's slots below ``prefix`` and then prefix + j for j in ``seen[i]``. Log-probs of rows
         logits_from .. T - 1. One native call, with each row's top-k for a dynamic tree, where ``self.step`` serves
-        (eyas.drafters.head_step); else the torch fast path.
+        (eyas.drafters.head_step; ``taps`` instead of feats: ``_native_taps``); else the torch fast path.
         """
         s = self.state
         if self.step is not None:
             k = self.expansion.cfg.top_k if isinstance(self.expansion, DynamicExpansion) else 0
-            return self.step(tokens, feats, rows, pos0, pos_step, s.cache, write_start, prefix, seen, logits_from, k)
+            return self.step(tokens, feats, rows, pos0, pos_step, s.cache, write_start, prefix, seen, logits_from, k,
+                             taps)
         dev = feats.device
         pos = pos0 + pos_step * torch.arange(len(tokens), device=dev)
         hid = feats if rows is None else feats[torch.tensor(rows, device=dev)]

@@ -219,6 +219,9 @@ class Eagle3Drafter(EagleDrafter):
             self.step = HeadStep.build(self.head, getattr(getattr(tm, "model", None), "embed_tokens", None))
         self.expansion.id_map = head.draft_ids().to(tm.device)
 
+    def _native_taps(self, feats: TargetFeatures) -> list[torch.Tensor] | None:
+        return [feats.taps[i] for i in self.taps] if self.step is not None and self.step.fuses else None
+
     def _feature_in(self, feats: TargetFeatures) -> torch.Tensor:
         return self.head.fuse(torch.stack([feats.taps[i] for i in self.taps], dim=-2))
 

@@ -26,10 +26,11 @@ from torch import nn
 
 from eyas import kernels
 from eyas.kv.static import KVCache
-from eyas.models.gguf_blocks import attached_blocks
+from eyas.models.gguf_blocks import GGUFBlocks, attached_blocks
 from eyas.models.int8_rows import Int8Rows, prefetch_from_env
 
 _kernel = kernels.Lazy(kernels.head_step, usable=lambda k: k.available())
+_NO_HID = torch.empty(0, 0)  # run's hid where the call fuses the taps itself
 
 
 @dataclass
@@ -76,20 +77,31 @@ class HeadStep:
         norms = [ml.input_layernorm, ml.hidden_norm, ml.post_attention_layernorm, head.norm]
         if len({n.eps for n in norms}) != 1:
             return None
+        fc = attached_blocks(head.fc)  # the fused taps' projection: here where it is bf16 Q8_0 blocks, else in Python
+        fc_data, fc_code = (fc.operands(dtype) if isinstance(fc, GGUFBlocks) and dtype == torch.bfloat16
+                            and head.fc.bias is None else (torch.empty(0, dtype=torch.uint8), -1))
         native = _kernel().HeadStep(embedding.weight.detach(), [n.weight.detach() for n in norms], norms[0].eps,
-                                    *[p.kernel_weights() for p in projs], head.draft_ids().cpu(), attn.h, attn.hk,
-                                    attn.dh, head.cfg.norm_before_residual, prefetch_from_env())
+                                    *[p.kernel_weights() for p in projs], head.draft_ids().cpu(), fc_data, fc_code,
+                                    attn.h, attn.hk, attn.dh, head.cfg.norm_before_residual, prefetch_from_env())
         return cls(native, head)
 
-    def __call__(self, tokens: list[int], hid: torch.Tensor, rows: list[int] | None, pos0: int, pos_step: int,
+    @property
+    def fuses(self) -> bool:
+        """Whether the call projects the fused taps itself (``taps``): a bf16 head whose ``fc`` is Q8_0 blocks."""
+        return self.native.fuses
+
+    def __call__(self, tokens: list[int], hid: torch.Tensor | None, rows: list[int] | None, pos0: int, pos_step: int,
                  cache: KVCache, write_start: int, prefix: int, seen: list[list[int]], logits_from: int,
-                 top_k: int = 0) -> HeadOut:
+                 top_k: int = 0, taps: list[torch.Tensor] | None = None) -> HeadOut:
         """Row i: ``tokens[i]``, feature ``hid[rows[i]]`` (``hid[i]`` without rows; hid [P, D] in the head's dtype),
         position pos0 + pos_step * i; its k and v go to slot write_start + i of ``cache`` (layer 0, one sequence,
         float32); it attends slots 0 .. prefix - 1, then prefix + j for each j of ``seen[i]`` (its path, itself last:
         ``HeadPaths.from_seen``'s). Log-probs for rows logits_from .. T - 1, with their ``top_k`` best (0: none).
+        ``taps`` (where ``fuses``; then no hid, no rows): the target's taps [T, D_target] each, row i feeding row i,
+        projected here as ``Eagle3Head.fuse`` does.
         """
-        cos, sin = self.rope.tables(cache.max_slots, hid.device)
-        out, logp, values, ids = self.native.run(tokens, hid.contiguous(), rows or [], cos, sin, pos0, pos_step,
+        cos, sin = self.rope.tables(cache.max_slots, cache.k.device)
+        hid = _NO_HID if hid is None else hid.contiguous()
+        out, logp, values, ids = self.native.run(tokens, hid, taps or [], rows or [], cos, sin, pos0, pos_step,
                                                  cache.k, cache.v, write_start, prefix, seen, logits_from, top_k)
         return HeadOut(out, logp, (values, ids) if top_k else None)

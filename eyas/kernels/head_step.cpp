@@ -7,6 +7,7 @@
 // the target's projections against ~0.30 ms in a hot loop, and touching the head's weights first did not close the
 // gap (its code and torch's did). Here the call is one entry from Python and one pass of C++ over the same kernels:
 //
+//   hid  = T(fc([taps]))  (an extension, bf16)             gguf_bf16.h (the fused taps' Q8_0 blocks)
 //   x    = [norm_in(embed[tokens]), norm_hid(hid)]        rms_norm.h, in the head's dtype T
 //   qkv  = T(int8(x @ Wqkv))                               head_i8.h
 //   q    = rope_cache(qkv) (k, v to the head's cache)      layer_ops.h
@@ -20,6 +21,7 @@
 // kernels and the same roundings to T between them, except silu and log-softmax (torch's vectorised exp against
 // libm's here: the last float bit, rarely a bf16 one). Only the draft can change; verification keeps the output
 // lossless.
+#include "gguf_bf16.h"
 #include "head_i8.h"
 #include "layer_ops.h"
 #include "path_attn.h"
@@ -60,9 +62,10 @@ inline float f(T x) { return static_cast<float>(x); }
 class HeadStep {
  public:
   HeadStep(at::Tensor embed, std::vector<at::Tensor> norms, double eps, ProjArgs qkv, ProjArgs o, ProjArgs gate_up,
-           ProjArgs down, ProjArgs lm_head, at::Tensor id_map, int64_t heads, int64_t kv_heads, int64_t head_dim,
-           bool norm_before_residual, int64_t prefetch)
-      : embed_(embed.contiguous()), id_map_(id_map.contiguous()), eps_(static_cast<float>(eps)), h_(heads), hk_(kv_heads), dh_(head_dim),
+           ProjArgs down, ProjArgs lm_head, at::Tensor id_map, at::Tensor fc_blocks, int64_t fc_qtype, int64_t heads,
+           int64_t kv_heads, int64_t head_dim, bool norm_before_residual, int64_t prefetch)
+      : embed_(embed.contiguous()), id_map_(id_map.contiguous()), fc_blocks_(fc_blocks), fc_qtype_(fc_qtype),
+        eps_(static_cast<float>(eps)), h_(heads), hk_(kv_heads), dh_(head_dim),
         d_(embed.size(1)), norm_before_residual_(norm_before_residual), prefetch_(prefetch),
         scale_(static_cast<float>(std::pow(static_cast<double>(head_dim), -0.5))) {  // Python's dh ** -0.5
     const auto t = embed_.scalar_type();
@@ -79,6 +82,8 @@ class HeadStep {
     lm_ = make_proj(lm_head, d_, "lm_head");
     TORCH_CHECK(qkv_.n == (h_ + 2 * hk_) * dh_ && o_.n == d_ && down_.n == d_ && gu_.n % 2 == 0,
                 "head_step: projection shapes do not match heads ", h_, "/", hk_, " x ", dh_, " and D ", d_);
+    TORCH_CHECK(!fuses() || (t == at::kBFloat16 && eyas_gguf_bf16::available() && fc_blocks_.size(0) == d_),
+                "head_step: the fused taps' projection runs here only as bf16 GGUF blocks of D rows (AVX512-BF16)");
     TORCH_CHECK(id_map_.scalar_type() == at::kLong && id_map_.numel() == lm_.n,
                 "head_step: id_map [V_draft] int64 (each draft entry's target id)");
     TORCH_CHECK(eyas_path_attn::supports(h_ / hk_, dh_) && h_ % hk_ == 0 && dh_ % 2 == 0 && dh_ <= 512,
@@ -91,12 +96,16 @@ class HeadStep {
   // logp [T - logits_from, V_draft] float32, the top_k largest log-probs of each of those rows [R, top_k] float32 and
   // their target ids [R, top_k] int64, best first, ties to the lower draft id; empty for top_k 0).
   std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> run(
-      std::vector<int64_t> tokens, at::Tensor hid, std::vector<int64_t> rows, at::Tensor cos_table,
+      std::vector<int64_t> tokens, at::Tensor hid, std::vector<at::Tensor> taps, std::vector<int64_t> rows, at::Tensor cos_table,
       at::Tensor sin_table, int64_t pos0, int64_t pos_step, at::Tensor k_cache, at::Tensor v_cache,
       int64_t write_start, int64_t prefix, std::vector<std::vector<int64_t>> seen, int64_t logits_from,
       int64_t top_k) {
     const int64_t t = static_cast<int64_t>(tokens.size());
     TORCH_CHECK(t >= 1 && t <= 64, "head_step: 1 to 64 tokens, got ", t);
+    if (!taps.empty()) {
+      TORCH_CHECK(rows.empty(), "head_step: taps feed the rows in order (no rows)");
+      hid = fuse(taps, t);
+    }
     TORCH_CHECK(hid.scalar_type() == embed_.scalar_type() && hid.dim() == 2 && hid.size(1) == d_ && hid.is_contiguous(),
                 "head_step: hid [P, D] contiguous, in the head's dtype");
     TORCH_CHECK(rows.empty() ? hid.size(0) == t : static_cast<int64_t>(rows.size()) == t,
@@ -155,7 +164,28 @@ class HeadStep {
     return {out, logp, top_v, top_i};
   }
 
+  // whether the fused taps' projection (EAGLE-3's fc) runs here: run(..., taps) then stands for hid = fc(taps)
+  bool fuses() const { return fc_blocks_.defined() && fc_blocks_.numel() > 0; }
+
  private:
+  // hid [T, D] = fc([taps[0][i] | taps[1][i] | ...]) for the T rows, on gguf_bf16.h's kernel (Eagle3Head.fuse's bits)
+  at::Tensor fuse(const std::vector<at::Tensor>& taps, int64_t t) const {
+    TORCH_CHECK(fuses(), "head_step: this head's fused taps are projected in Python (run without taps)");
+    const int64_t dt = taps[0].size(-1), l = static_cast<int64_t>(taps.size());
+    auto x = at::empty({t, l * dt}, embed_.options());
+    auto* xd = x.data_ptr<at::BFloat16>();
+    for (int64_t j = 0; j < l; ++j) {
+      const at::Tensor& tap = taps[j];
+      TORCH_CHECK(tap.dim() == 2 && tap.size(0) == t && tap.size(1) == dt && tap.stride(1) == 1 &&
+                      tap.scalar_type() == at::kBFloat16,
+                  "head_step: taps [T, D_target] bf16 with contiguous rows, one per fused layer");
+      const auto* src = tap.data_ptr<at::BFloat16>();
+      for (int64_t i = 0; i < t; ++i)
+        std::copy(src + i * tap.stride(0), src + i * tap.stride(0) + dt, xd + (i * l + j) * dt);
+    }
+    return eyas_gguf_bf16::linear(x, fc_blocks_, fc_qtype_, at::Tensor());
+  }
+
   struct Call {
     const int64_t* tokens;
     const int64_t* rows;  // nullptr: hid's rows in order
@@ -280,7 +310,8 @@ class HeadStep {
     for (int64_t j = 0; j < v; ++j) out[j] -= ls;
   }
 
-  at::Tensor embed_, id_map_;
+  at::Tensor embed_, id_map_, fc_blocks_;
+  int64_t fc_qtype_;
   std::vector<at::Tensor> norms_;
   float eps_;
   int64_t h_, hk_, dh_, d_;
@@ -295,8 +326,9 @@ class HeadStep {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<HeadStep>(m, "HeadStep")
       .def(py::init<at::Tensor, std::vector<at::Tensor>, double, ProjArgs, ProjArgs, ProjArgs, ProjArgs, ProjArgs,
-                    at::Tensor, int64_t, int64_t, int64_t, bool, int64_t>())
+                    at::Tensor, at::Tensor, int64_t, int64_t, int64_t, int64_t, bool, int64_t>())
       .def("run", &HeadStep::run,
-           "one head call: (out [T, D], logp [R, V_draft] float32, top-k log-probs [R, k], their target ids [R, k])");
+           "one head call: (out [T, D], logp [R, V_draft] float32, top-k log-probs [R, k], their target ids [R, k])")
+      .def_property_readonly("fuses", &HeadStep::fuses, "whether run(..., taps) projects the fused taps itself");
   m.def("available", &eyas_head_i8::available, "whether the int8 projections were built (AVX512-VNNI or AVX2)");
 }

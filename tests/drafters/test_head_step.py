@@ -76,6 +76,32 @@ def test_the_native_call_is_the_torch_fast_path(tiny, dtype, monkeypatch) -> Non
 
 
 @needs_step
+def test_the_native_call_fuses_the_taps_as_the_head_does(tiny, monkeypatch) -> None:
+    """A bf16 head's fc (Q8_0 blocks) inside the call: the same bits as Eagle3Head.fuse before it, from strided taps."""
+    from eyas.drafters.base import TargetFeatures
+
+    d = _drafter(tiny, torch.bfloat16, monkeypatch)
+    if not d.step.fuses:
+        pytest.skip("no bf16 block kernel here: the fused taps stay in Python")
+    cfg, g = d.head.config, torch.Generator().manual_seed(4)
+    big = torch.randn(len(d.taps), 9, cfg.hidden_size, generator=g).bfloat16()
+    feats = TargetFeatures(hidden=big[0, :3], taps={layer: big[j, 2:5] for j, layer in enumerate(d.taps)})
+    outs = []
+    with torch.inference_mode():
+        for native in (False, True):
+            d.start(32)
+            taps = d._native_taps(feats) if native else None
+            hid = None if native else d._feature_in(feats)
+            outs.append(d._fast_call([3, 7, 11], hid, None, 4, 1, 4, 4, [[0], [0, 1], [0, 1, 2]], 2, taps))
+    a, b = outs
+    assert torch.equal(a.hidden, b.hidden) and torch.equal(a.logp, b.logp)
+    assert all(torch.equal(x, y) for x, y in zip(a.top, b.top, strict=True))
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="no rows"):
+        d.step([3, 7, 11], None, [0, 1, 2], 4, 1, d.state.cache, 4, 4, [[0], [0, 1], [0, 1, 2]], 2,
+               taps=d._native_taps(feats))
+
+
+@needs_step
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_greedy_decoding_with_the_native_call_is_plain_greedy(tiny, dtype, monkeypatch) -> None:
     d = _drafter(tiny, dtype, monkeypatch)
@@ -87,8 +113,16 @@ def test_greedy_decoding_with_the_native_call_is_plain_greedy(tiny, dtype, monke
         return [t for ev in dec.generate(prompt) for t in ev.tokens.tolist()]
 
     calls = []
-    real = d.step.native.run
-    d.step.native = type("Spy", (), {"run": lambda self, *a: calls.append(1) or real(*a)})()
+    real = d.step.native
+
+    class Spy:  # the native call, counted
+        fuses = real.fuses
+
+        def run(self, *args):
+            calls.append(1)
+            return real.run(*args)
+
+    d.step.native = Spy()
     assert tokens(d) == tokens(None)
     assert len(calls) > 10  # the native call drafted: extensions and tree levels
 
