@@ -1,6 +1,6 @@
-"""One draft-head call (the fused taps, then the head over 2 rows with the last row's log-probs and top-2) timed the
-way a decoding step meets it: first after the target's block projections (one forward's weight stream: the call's
-code, torch's and the head's weights back from DRAM) and in a hot loop, through the native call
+"""One draft-head call (an extension: the fused taps, the head over 2 rows, the last row's log-probs and top-2)
+timed the way a decoding step meets it: first after the target's block projections (one forward's weight stream: the
+call's code, torch's and the head's weights back from DRAM) and in a hot loop, through the native call
 (eyas.drafters.head_step) and through the torch fast path, alternating round by round in one process.
 
 python scripts/head_step_cold.py --rounds 3 --passes 40
@@ -15,6 +15,7 @@ import time
 import torch
 
 import eyas
+from eyas.drafters.base import TargetFeatures
 from eyas.models.decode_plan import DecodePlan
 
 
@@ -35,7 +36,8 @@ def main() -> None:
     projs = [(p, k) for layer in plan.layers for p, k in ((layer.qkv, d), (layer.o, d), (layer.gate_up, d),
                                                           (layer.down, i))]
     xs = [torch.randn(1, k).bfloat16() for _, k in projs]
-    taps = torch.randn(2, len(drafter.taps), d).bfloat16()
+    taps = torch.randn(len(drafter.taps), 2, d).bfloat16()
+    feats = TargetFeatures(hidden=taps[0], taps={layer: taps[j] for j, layer in enumerate(drafter.taps)})
     tokens = [5, 77]
     drafter.start(512)
 
@@ -43,9 +45,10 @@ def main() -> None:
         for (p, _), x in zip(projs, xs, strict=True):
             plan.blocks.linear(x, p.data, p.code, p.bias)
 
-    def call() -> None:
-        feats = drafter.head.fuse(taps)
-        out = drafter._fast_call(tokens, feats, None, 100, 1, 100, 100, [[0], [0, 1]], 1)
+    def call() -> None:  # as EagleDrafter.extend, then the first tree level's top-k
+        native_taps = drafter._native_taps(feats)
+        hid = None if native_taps else drafter._feature_in(feats)
+        out = drafter._fast_call(tokens, hid, None, 100, 1, 100, 100, [[0], [0, 1]], 1, native_taps)
         if out.top is None:  # the torch path: the tree's top-k as the expansion takes it
             out.logp[-1].topk(2)
 
