@@ -1,19 +1,20 @@
 """A one-layer EAGLE-3 head's whole call on the CPU as one native call (``eyas/kernels/head_step.cpp``).
 
 A drafting step runs its head right after the verify forward streamed the target's weights through the caches, so
-each of the ~25 torch ops of a head call (embedding, norms, RoPE rows, residuals, silu, vocabulary head,
-log-softmax) pays for its code coming back from DRAM. Measured on the Zen 4 VM (bf16, 2 rows): a head call took
-~0.94 ms first after the target's projections and ~0.30 ms in a hot loop. ``HeadStep`` runs the same kernels
-(int8 projections, RoPE into the cache, path attention, RMSNorm) from one entry::
+each of the ~25 torch ops of a head call (the fused taps, embedding, norms, RoPE rows, residuals, silu, vocabulary
+head, log-softmax, top-k) pays for its code coming back from DRAM: on the Zen 4 VM an extension's call over 2 rows
+took ~1.4 ms first after the target's projections and ~0.48 ms in a hot loop, ~0.68 and ~0.25 as one native call
+(``scripts/head_step_cold.py``, docs/benchmarks.md). ``HeadStep`` runs the same kernels (the taps' Q8_0 projection,
+int8 projections, RoPE into the cache, path attention, RMSNorm) from one entry::
 
     out = step(tokens, hid [P, D], rows | None, pos0, pos_step, cache, write_start, prefix, seen, logits_from, top_k)
 
-with the same roundings as the torch fast path (``fast_forward`` then ``_logp``) except silu and log-softmax
-(libm's exp against torch's vectorised one: the last float bit), and each row's top-k already mapped to target ids
-for the tree's books. Tokens, rows and paths go in as Python lists: no tensor is made for them. Only the draft can
-change; verification keeps the output lossless. It serves where the head is an ``Eagle3Head`` with one decoder layer
-whose five projections are int8 rows (eyas.models.int8_rows), the target's embedding is a dense table in the head's
-dtype, the kernel builds and ``EYAS_HEAD_STEP`` is not 0; elsewhere the drafter keeps the torch fast path.
+with the same roundings as the torch fast path (``fuse``, ``fast_forward``, then ``_logp``) except silu and
+log-softmax (libm's exp against torch's vectorised one: the last float bit), and each row's top-k already mapped to
+target ids for the tree's books. Tokens, rows and paths go in as Python lists: no tensor is made for them. Only the
+draft can change; verification keeps the output lossless. It serves where the head is an ``Eagle3Head`` with one
+decoder layer whose five projections are int8 rows (eyas.models.int8_rows), the target's embedding is a dense table in
+the head's dtype, the kernel builds and ``EYAS_HEAD_STEP`` is not 0; elsewhere the drafter keeps the torch fast path.
 """
 
 from __future__ import annotations

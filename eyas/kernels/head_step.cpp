@@ -1,11 +1,11 @@
-// A one-layer EAGLE-3 draft head's whole call as one native function: embedding, the layer, the final norm, the
-// vocabulary head and log-softmax.
+// A one-layer EAGLE-3 draft head's whole call as one native function: the fused taps' projection, embedding, the
+// layer, the final norm, the vocabulary head, log-softmax and top-k.
 //
 // The head runs right after a verify forward has streamed ~100 MB of the target's weights through the caches, and
-// each small torch op there pays for its code and bookkeeping coming back from DRAM: on the Zen 4 VM the head's call
-// over 2 rows (embedding, layer, vocabulary head, log-softmax: ~25 ops and 5 kernel calls) took ~0.94 ms first after
-// the target's projections against ~0.30 ms in a hot loop, and touching the head's weights first did not close the
-// gap (its code and torch's did). Here the call is one entry from Python and one pass of C++ over the same kernels:
+// each small torch op there pays for its code and bookkeeping coming back from DRAM: on the Zen 4 VM an extension's
+// call over 2 rows (~25 ops and 6 kernel calls) took ~1.4 ms first after the target's projections against ~0.48 ms in
+// a hot loop (scripts/head_step_cold.py), and reading the head's weights first did not close the gap. Here the call
+// is one entry from Python and one pass of C++ over the same kernels:
 //
 //   hid  = T(fc([taps]))  (an extension, bf16)             gguf_bf16.h (the fused taps' Q8_0 blocks)
 //   x    = [norm_in(embed[tokens]), norm_hid(hid)]        rms_norm.h, in the head's dtype T
@@ -15,9 +15,9 @@
 //   r    = residual + T(int8(y @ Wo))                      residual = hid (or norm_hid(hid))
 //   out  = r + T(int8(T(silu(gate)) * up @ Wdown)),  gate | up = T(int8(norm_post(r) @ Wgu))
 //   logp = log_softmax(float(T(int8(norm(out) @ Wlm))))   rows logits_from .. T - 1
-//   top  = the top_k of each logp row, as target ids          what the tree's books take (no torch topk, no gather)
+//   top  = the top_k of each logp row, as target ids      what the tree's books take
 //
-// Every step is the torch fast path's (eyas.drafters.head_kernels.fast_layer, Eagle3Drafter._logp) with the same
+// Every step is the torch fast path's (Eagle3Head.fuse, head_kernels.fast_layer, Eagle3Drafter._logp) with the same
 // kernels and the same roundings to T between them, except silu and log-softmax (torch's vectorised exp against
 // libm's here: the last float bit, rarely a bf16 one). Only the draft can change; verification keeps the output
 // lossless.
