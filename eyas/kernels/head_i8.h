@@ -146,6 +146,9 @@ int64_t prefetch_groups = 2;
 #ifdef EYAS_HEAD_I8
 using namespace eyas_head_i8;
 
+// rows of w that linear() reads for n outputs: pack()'s padded groups of NB where tiled, else n
+inline int64_t weight_rows(int64_t n, bool tiled) { return tiled ? (n + NB - 1) / NB * NB : n; }
+
 // y [m, n] float32 = x [m, k] (T) @ W^T (+ bias): the whole kernel on raw pointers (head_step.cpp calls it with its
 // own buffers); ``ahead``: the software prefetch distance in weight groups (0: off)
 template <typename T>
@@ -232,7 +235,7 @@ at::Tensor linear(at::Tensor x, at::Tensor w, bool tiled, at::Tensor sw, at::Ten
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kChar && w.size(1) == x.size(1) && x.size(1) % CHUNK == 0,
               "head_i8.linear: w [N, K] int8 with K = x's and a multiple of ", CHUNK);
   TORCH_CHECK(!tiled || tiles(), "head_i8.linear: tiled weights need the AVX512-VNNI build (tiles() is false)");
-  const int64_t n = sw.numel(), rows_needed = tiled ? (n + NB - 1) / NB * NB : n;
+  const int64_t n = sw.numel(), rows_needed = weight_rows(n, tiled);
   TORCH_CHECK(w.size(0) == rows_needed, "head_i8.linear: w has ", w.size(0), " rows, ", rows_needed, " expected for ",
               n, " outputs", tiled ? " (tiled: pack()'s padded groups)" : "");
   TORCH_CHECK(sw.scalar_type() == at::kFloat && sums.scalar_type() == at::kInt && sums.numel() == n,

@@ -48,8 +48,8 @@ Proj make_proj(const ProjArgs& a, int64_t k, const char* what) {
   TORCH_CHECK(data.dim() == 2 && data.scalar_type() == at::kChar && data.size(1) == k && data.is_contiguous(),
               "head_step: ", what, " weights [N, ", k, "] int8, contiguous");
   TORCH_CHECK(!tiled || eyas_head_i8::tiles(), "head_step: ", what, " is tiled but this build reads rows");
-  TORCH_CHECK(data.size(0) == (tiled ? (n + 3) / 4 * 4 : n), "head_step: ", what, " has ", data.size(0), " rows for ",
-              n, " outputs");
+  TORCH_CHECK(data.size(0) == eyas_head_i8::weight_rows(n, tiled), "head_step: ", what, " has ", data.size(0),
+              " rows for ", n, " outputs");
   TORCH_CHECK(scale.scalar_type() == at::kFloat && sums.scalar_type() == at::kInt && sums.numel() == n &&
                   scale.is_contiguous() && sums.is_contiguous(),
               "head_step: ", what, " scale [N] float32, sums [N] int32");

@@ -50,6 +50,7 @@ class Int8Rows:
     # is; and data in that layout, made at the first ``linear`` (only the projections that run pay its memory)
     tiled: bool = field(default_factory=lambda: tiles_in_use(), repr=False, compare=False)
     packed: torch.Tensor | None = field(default=None, repr=False, compare=False)
+
     @classmethod
     def quantize(cls, w: torch.Tensor) -> Int8Rows:
         """w: [N, K] -> each row rounded to int8 with scale max |row| / 127 (an all-zero row: scale 0)."""

@@ -110,8 +110,8 @@ class RopeTable:
         """positions [T], all < slots -> (cos, signed sin) [T, Dh] in ``dtype``, contiguous: the layout of the
         compiled RoPE (eyas/kernels/layer_ops.cpp; the signed sin carries rotate_half's minus on its first half).
         """
-        self._grow(slots, positions.device)
-        return self.cos[positions].to(dtype), self._signed[positions].to(dtype)
+        cos, sin = self.tables(slots, positions.device)
+        return cos[positions].to(dtype), sin[positions].to(dtype)
 
 
 def vocab_logits(proj: nn.Linear, x: torch.Tensor) -> torch.Tensor:
