@@ -1,4 +1,4 @@
-"""A one-layer EAGLE-3 head's whole call on the CPU as one native call (``eyas/kernels/head_step.cpp``).
+"""An EAGLE-3 head's whole call on the CPU as one native call (``eyas/kernels/head_step.cpp``).
 
 A drafting step runs its head right after the verify forward streamed the target's weights through the caches, so
 each of the ~25 torch ops of a head call (the fused taps, embedding, norms, RoPE rows, residuals, silu, vocabulary
@@ -13,8 +13,9 @@ with the same roundings as the torch fast path (``fuse``, ``fast_forward``, then
 log-softmax (libm's exp against torch's vectorised one: the last float bit), and each row's top-k already mapped to
 target ids for the tree's books. Tokens, rows and paths go in as Python lists: no tensor is made for them. Only the
 draft can change; verification keeps the output lossless. It serves where the head is an ``Eagle3Head`` with one
-decoder layer whose five projections are int8 rows (eyas.models.int8_rows), the target's embedding is a dense table in
-the head's dtype, the kernel builds and ``EYAS_HEAD_STEP`` is not 0; elsewhere the drafter keeps the torch fast path.
+decoder layer (EAGLE-3's, then any plain layers after it: ``--head-layers``) whose projections, like the vocabulary
+head's, are int8 rows (eyas.models.int8_rows), the target's embedding is a dense table in the head's dtype, the kernel
+builds and ``EYAS_HEAD_STEP`` is not 0; elsewhere the drafter keeps the torch fast path.
 """
 
 from __future__ import annotations
@@ -50,6 +51,16 @@ class HeadOut:
         return HeadOut(self.hidden[-1:], self.logp[-1:], top)
 
 
+def _layer_projs(layer: nn.Module) -> list | None:
+    """A decoder layer's q|k|v, o, gate|up and down as the kernel takes them (``Int8Rows.kernel_weights``), or None
+    where one of them is not int8 rows.
+    """
+    attn, mlp = layer.self_attn, layer.mlp
+    projs = [attn.__dict__.get("_eyas_fused"), attached_blocks(attn.o_proj), mlp.__dict__.get("_eyas_fused"),
+             attached_blocks(mlp.down_proj)]
+    return [p.kernel_weights() for p in projs] if all(isinstance(p, Int8Rows) for p in projs) else None
+
+
 class HeadStep:
     """The compiled call for one head (``build`` makes it, or says why not by returning None)."""
 
@@ -64,26 +75,32 @@ class HeadStep:
         """
         if os.environ.get("EYAS_HEAD_STEP", "1") == "0" or _kernel() is None:
             return None
-        if not (hasattr(head, "midlayer") and len(head.extra_layers) == 0 and head.fast_ready()):
+        if not (hasattr(head, "midlayer") and head.fast_ready()):
             return None
         dtype = head.fc.weight.dtype
         if not isinstance(embedding, nn.Embedding) or embedding.weight.dtype != dtype:
             return None
         ml = head.midlayer
-        attn, mlp = ml.self_attn, ml.mlp
-        projs = [attn.__dict__.get("_eyas_fused"), attached_blocks(attn.o_proj), mlp.__dict__.get("_eyas_fused"),
-                 attached_blocks(mlp.down_proj), attached_blocks(head.lm_head)]
-        if not all(isinstance(p, Int8Rows) for p in projs) or head.lm_head.bias is not None:
+        attn = ml.self_attn
+        first, lm = _layer_projs(ml), attached_blocks(head.lm_head)
+        later = [_layer_projs(layer) for layer in head.extra_layers]
+        if first is None or any(p is None for p in later) or not isinstance(lm, Int8Rows):
+            return None
+        if head.lm_head.bias is not None:
             return None
         norms = [ml.input_layernorm, ml.hidden_norm, ml.post_attention_layernorm, head.norm]
-        if len({n.eps for n in norms}) != 1:
+        later_norms = [(layer.input_layernorm, layer.post_attention_layernorm) for layer in head.extra_layers]
+        if len({n.eps for n in [*norms, *(n for pair in later_norms for n in pair)]}) != 1:
             return None
         fc = attached_blocks(head.fc)  # the fused taps' projection: here where it is bf16 Q8_0 blocks, else in Python
         fc_data, fc_code = (fc.operands(dtype) if isinstance(fc, GGUFBlocks) and dtype == torch.bfloat16
                             and head.fc.bias is None else (torch.empty(0, dtype=torch.uint8), -1))
+        extra = [(n_in.weight.detach(), n_post.weight.detach(), *projs)
+                 for (n_in, n_post), projs in zip(later_norms, later, strict=True)]
         native = _kernel().HeadStep(embedding.weight.detach(), [n.weight.detach() for n in norms], norms[0].eps,
-                                    *[p.kernel_weights() for p in projs], head.draft_ids().cpu(), fc_data, fc_code,
-                                    attn.h, attn.hk, attn.dh, head.cfg.norm_before_residual, prefetch_from_env())
+                                    *first, lm.kernel_weights(), head.draft_ids().cpu(), fc_data, fc_code,
+                                    attn.h, attn.hk, attn.dh, head.cfg.norm_before_residual, prefetch_from_env(),
+                                    extra)
         return cls(native, head)
 
     @property

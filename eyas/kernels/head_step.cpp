@@ -1,5 +1,6 @@
-// A one-layer EAGLE-3 draft head's whole call as one native function: the fused taps' projection, embedding, the
-// layer, the final norm, the vocabulary head, log-softmax and top-k.
+// An EAGLE-3 draft head's whole call as one native function: the fused taps' projection, embedding, its decoder
+// layers (EAGLE-3's first, then any plain Llama layers after it), the final norm, the vocabulary head, log-softmax
+// and top-k.
 //
 // The head runs right after a verify forward has streamed ~100 MB of the target's weights through the caches, and
 // each small torch op there pays for its code and bookkeeping coming back from DRAM: on the Zen 4 VM an extension's
@@ -14,10 +15,11 @@
 //   y    = T(path_attention(q, cache, paths))              path_attn.h
 //   r    = residual + T(int8(y @ Wo))                      residual = hid (or norm_hid(hid))
 //   out  = r + T(int8(T(silu(gate)) * up @ Wdown)),  gate | up = T(int8(norm_post(r) @ Wgu))
+//   then each further layer l (cache layer l): the same attention and MLP on attn_in = norm_in_l(out), residual out
 //   logp = log_softmax(float(T(int8(norm(out) @ Wlm))))   rows logits_from .. T - 1
 //   top  = the top_k of each logp row, as target ids      what the tree's books take
 //
-// Every step is the torch fast path's (Eagle3Head.fuse, head_kernels.fast_layer, Eagle3Drafter._logp) with the same
+// Every step is the torch fast path's (Eagle3Head.fuse, Eagle3Head.fast_forward, Eagle3Drafter._logp) with the same
 // kernels and the same roundings to T between them, except silu and log-softmax (torch's vectorised exp against
 // libm's here: the last float bit, rarely a bf16 one). Only the draft can change; verification keeps the output
 // lossless.
@@ -41,6 +43,15 @@ struct Proj {
 };
 
 using ProjArgs = std::tuple<at::Tensor, bool, at::Tensor, at::Tensor>;
+// a plain decoder layer after EAGLE-3's first: input norm, post-attention norm, q|k|v, o, gate|up, down
+using LayerArgs = std::tuple<at::Tensor, at::Tensor, ProjArgs, ProjArgs, ProjArgs, ProjArgs>;
+
+// one decoder layer's projections and its norms (norm_in: a plain layer's input norm; undefined for EAGLE-3's
+// first, whose input is the two normed halves)
+struct Layer {
+  Proj qkv, o, gu, down;
+  at::Tensor norm_in, norm_post;
+};
 
 Proj make_proj(const ProjArgs& a, int64_t k, const char* what) {
   auto [data, tiled, scale, sums] = a;
@@ -63,7 +74,8 @@ class HeadStep {
  public:
   HeadStep(at::Tensor embed, std::vector<at::Tensor> norms, double eps, ProjArgs qkv, ProjArgs o, ProjArgs gate_up,
            ProjArgs down, ProjArgs lm_head, at::Tensor id_map, at::Tensor fc_blocks, int64_t fc_qtype, int64_t heads,
-           int64_t kv_heads, int64_t head_dim, bool norm_before_residual, int64_t prefetch)
+           int64_t kv_heads, int64_t head_dim, bool norm_before_residual, int64_t prefetch,
+           std::vector<LayerArgs> extra)
       : embed_(embed.contiguous()), id_map_(id_map.contiguous()), fc_blocks_(fc_blocks), fc_qtype_(fc_qtype),
         eps_(static_cast<float>(eps)), h_(heads), hk_(kv_heads), dh_(head_dim),
         d_(embed.size(1)), norm_before_residual_(norm_before_residual), prefetch_(prefetch),
@@ -75,13 +87,16 @@ class HeadStep {
       TORCH_CHECK(w.scalar_type() == t && w.numel() == d_, "head_step: norm weights [D] in the embedding's dtype");
       norms_.push_back(w.contiguous());
     }
-    qkv_ = make_proj(qkv, 2 * d_, "q|k|v");
-    o_ = make_proj(o, h_ * dh_, "o_proj");
-    gu_ = make_proj(gate_up, d_, "gate|up");
-    down_ = make_proj(down, gu_.n / 2, "down_proj");
+    layers_.push_back(make_layer(qkv, o, gate_up, down, 2 * d_, at::Tensor(), norms_[2], "layer 0"));
+    for (size_t l = 0; l < extra.size(); ++l) {
+      auto& [n_in, n_post, e_qkv, e_o, e_gu, e_down] = extra[l];
+      for (const at::Tensor* w : {&n_in, &n_post})
+        TORCH_CHECK(w->scalar_type() == t && w->numel() == d_, "head_step: layer ", l + 1,
+                    "'s norm weights [D] in the embedding's dtype");
+      layers_.push_back(make_layer(e_qkv, e_o, e_gu, e_down, d_, n_in.contiguous(), n_post.contiguous(),
+                                   "a later layer"));
+    }
     lm_ = make_proj(lm_head, d_, "lm_head");
-    TORCH_CHECK(qkv_.n == (h_ + 2 * hk_) * dh_ && o_.n == d_ && down_.n == d_ && gu_.n % 2 == 0,
-                "head_step: projection shapes do not match heads ", h_, "/", hk_, " x ", dh_, " and D ", d_);
     TORCH_CHECK(!fuses() || (t == at::kBFloat16 && eyas_gguf_bf16::available() && fc_blocks_.size(0) == d_),
                 "head_step: the fused taps' projection runs here only as bf16 GGUF blocks of D rows (AVX512-BF16)");
     TORCH_CHECK(id_map_.scalar_type() == at::kLong && id_map_.numel() == lm_.n,
@@ -91,8 +106,8 @@ class HeadStep {
   }
 
   // Row i: token tokens[i], feature hid[rows[i]] (hid[i] without rows), position pos0 + pos_step * i; its k and v go
-  // to slot write_start + i of layer 0, sequence 0 of the caches, and it attends slots 0 .. prefix - 1, then
-  // prefix + seen[i][0], prefix + seen[i][1], ... (its path, itself last). Returns (out [T, D] in the head's dtype,
+  // to slot write_start + i of sequence 0 of the caches (decoder layer l's to cache layer l), and it attends slots
+  // 0 .. prefix - 1, then prefix + seen[i][0], prefix + seen[i][1], ... (its path, itself last). Returns (out [T, D] in the head's dtype,
   // logp [T - logits_from, V_draft] float32, the top_k largest log-probs of each of those rows [R, top_k] float32 and
   // their target ids [R, top_k] int64, best first, ties to the lower draft id; empty for top_k 0).
   std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> run(
@@ -102,6 +117,7 @@ class HeadStep {
       int64_t top_k) {
     const int64_t t = static_cast<int64_t>(tokens.size());
     TORCH_CHECK(t >= 1 && t <= 64, "head_step: 1 to 64 tokens, got ", t);
+    const int64_t nl = static_cast<int64_t>(layers_.size());
     if (!taps.empty()) {
       TORCH_CHECK(rows.empty(), "head_step: taps feed the rows in order (no rows)");
       hid = fuse(taps, t);
@@ -117,11 +133,12 @@ class HeadStep {
     const int64_t last = pos0 + pos_step * (t - 1);
     TORCH_CHECK(pos0 >= 0 && last >= 0 && pos0 < cos_table.size(0) && last < cos_table.size(0),
                 "head_step: positions past the RoPE table");
-    // the head's cache: [L, B, Hk, S, Dh] float32, layer 0 and sequence 0 used
+    // the head's cache: [L, B, Hk, S, Dh] float32, layers 0 .. (decoder layers - 1) of sequence 0 used
     TORCH_CHECK(k_cache.dim() == 5 && k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat &&
-                    v_cache.sizes() == k_cache.sizes() && k_cache.size(2) == hk_ && k_cache.size(4) == dh_ &&
-                    k_cache.stride(4) == 1 && v_cache.stride(4) == 1,
-                "head_step: k, v caches [L, B, Hk, S, Dh] float32");
+                    v_cache.sizes() == k_cache.sizes() && k_cache.size(0) >= nl && k_cache.size(2) == hk_ &&
+                    k_cache.size(4) == dh_ && k_cache.stride(4) == 1 && v_cache.stride(4) == 1,
+                "head_step: k, v caches [L, B, Hk, S, Dh] float32 with a layer for each of the head's ", nl,
+                " decoder layers");
     TORCH_CHECK(write_start >= 0 && write_start + t <= k_cache.size(3) && prefix >= 0 && prefix <= write_start,
                 "head_step: slots past the head's cache");
     TORCH_CHECK(static_cast<int64_t>(seen.size()) == t, "head_step: one path (seen) per token");
@@ -202,9 +219,20 @@ class HeadStep {
     int64_t logits_from;
   };
 
+  // a decoder layer's projections checked against the head's shapes (k_in: q|k|v's input width)
+  Layer make_layer(const ProjArgs& qkv, const ProjArgs& o, const ProjArgs& gate_up, const ProjArgs& down, int64_t k_in,
+                   at::Tensor norm_in, at::Tensor norm_post, const char* what) const {
+    Layer l{make_proj(qkv, k_in, "q|k|v"), make_proj(o, h_ * dh_, "o_proj"), make_proj(gate_up, d_, "gate|up"), {},
+            norm_in, norm_post};
+    l.down = make_proj(down, l.gu.n / 2, "down_proj");
+    TORCH_CHECK(l.qkv.n == (h_ + 2 * hk_) * dh_ && l.o.n == d_ && l.down.n == d_ && l.gu.n % 2 == 0, "head_step: ",
+                what, "'s projection shapes do not match heads ", h_, "/", hk_, " x ", dh_, " and D ", d_);
+    return l;
+  }
+
   template <typename T>
-  void norm(const T* x, int64_t rows, int w, T* y) const {
-    eyas_rms_norm::norm_rows(x, norms_[w].data_ptr<T>(), y, rows, d_, eps_);
+  void norm(const T* x, int64_t rows, const at::Tensor& w, T* y) const {
+    eyas_rms_norm::norm_rows(x, w.data_ptr<T>(), y, rows, d_, eps_);
   }
 
   // y [m, n] in T = T(x [m, k] @ W^T): the int8 kernel's float32 sums rounded to T, as Int8Rows.linear returns them
@@ -218,9 +246,8 @@ class HeadStep {
 
   template <typename T>
   void run_t(const Call& c, const T* hid, T* out, float* logp) const {
-    const int64_t t = c.t, d = d_, qn = h_ * dh_;
-    std::vector<float> acc;
-    // the layer's input [T, 2D]: norm_in(embedding) | norm_hid(hid)
+    const int64_t t = c.t, d = d_;
+    // EAGLE-3's layer reads [T, 2D]: norm_in(embedding) | norm_hid(hid), and adds to hid (or norm_hid(hid))
     std::vector<T> emb(t * d), hrows(t * d), normed(t * d), x(t * 2 * d);
     const T* table = embed_.data_ptr<T>();
     for (int64_t i = 0; i < t; ++i) {
@@ -228,15 +255,13 @@ class HeadStep {
       const int64_t r = c.rows ? c.rows[i] : i;
       std::copy(hid + r * d, hid + (r + 1) * d, hrows.begin() + i * d);
     }
-    norm(emb.data(), t, 0, emb.data());
-    norm(hrows.data(), t, 1, normed.data());
+    norm(emb.data(), t, norms_[0], emb.data());
+    norm(hrows.data(), t, norms_[1], normed.data());
     for (int64_t i = 0; i < t; ++i) {
       std::copy(emb.begin() + i * d, emb.begin() + (i + 1) * d, x.begin() + i * 2 * d);
       std::copy(normed.begin() + i * d, normed.begin() + (i + 1) * d, x.begin() + i * 2 * d + d);
     }
-    // attention: q|k|v, RoPE with k and v into the cache, each row over the committed slots and its path
-    std::vector<T> qkv(t * qkv_.n), cs(t * dh_), sn(t * dh_);
-    project(qkv_, x.data(), t, acc, qkv.data());
+    std::vector<T> cs(t * dh_), sn(t * dh_);
     for (int64_t i = 0; i < t; ++i) {  // RopeTable.rows: the float32 tables' rows at each position, rounded to T
       const int64_t p = c.pos0 + c.pos_step * i;
       for (int64_t j = 0; j < dh_; ++j) {
@@ -244,40 +269,58 @@ class HeadStep {
         sn[i * dh_ + j] = static_cast<T>(c.sin[p * dh_ + j]);
       }
     }
+    layer(c, 0, x.data(), norm_before_residual_ ? normed.data() : hrows.data(), cs.data(), sn.data(), out);
+    for (size_t l = 1; l < layers_.size(); ++l) {  // a plain layer: attn_in = norm_in(out), residual out
+      std::copy(out, out + t * d, hrows.begin());
+      norm(hrows.data(), t, layers_[l].norm_in, normed.data());
+      layer(c, static_cast<int64_t>(l), normed.data(), hrows.data(), cs.data(), sn.data(), out);
+    }
+    // draft log-probs of rows logits_from .. T - 1: norm, vocabulary head (its logits rounded to T), log-softmax
+    const int64_t lr = t - c.logits_from, v = lm_.n;
+    std::vector<float> acc;
+    std::vector<T> fin(lr * d), lg(lr * v);
+    norm(out + c.logits_from * d, lr, norms_[3], fin.data());
+    project(lm_, fin.data(), lr, acc, lg.data());
+    for (int64_t i = 0; i < lr; ++i) log_softmax(lg.data() + i * v, v, logp + i * v);
+  }
+
+  // decoder layer l (cache layer l) over T rows: attention on attn_in [T, K_in] (RoPE rows cs, sn [T, Dh]) added to
+  // residual [T, D], then the MLP: out [T, D] in T, fast_layer's roundings
+  template <typename T>
+  void layer(const Call& c, int64_t l, const T* attn_in, const T* residual, const T* cs, const T* sn, T* out) const {
+    const Layer& w = layers_[l];
+    const int64_t t = c.t, d = d_, qn = h_ * dh_;
+    std::vector<float> acc;
+    // attention: q|k|v, RoPE with k and v into the cache, each row over the committed slots and its path
+    std::vector<T> qkv(t * w.qkv.n);
+    project(w.qkv, attn_in, t, acc, qkv.data());
     const at::Tensor& kc = c.k_cache;
     const at::Tensor& vc = c.v_cache;
-    float* kp = kc.data_ptr<float>();
-    float* vp = vc.data_ptr<float>();
+    float* kp = kc.data_ptr<float>() + l * kc.stride(0);
+    float* vp = vc.data_ptr<float>() + l * vc.stride(0);
     std::vector<float> q(t * qn), y(t * qn);
-    eyas_layer_ops::rope_rows(qkv.data(), qkv_.n, cs.data(), sn.data(), t, h_, hk_, dh_, q.data(), kp, vp,
-                              kc.stride(2), kc.stride(3), vc.stride(2), vc.stride(3), c.write_start);
+    eyas_layer_ops::rope_rows(qkv.data(), w.qkv.n, cs, sn, t, h_, hk_, dh_, q.data(), kp, vp, kc.stride(2),
+                              kc.stride(3), vc.stride(2), vc.stride(3), c.write_start);
     eyas_path_attn::path_run(q.data(), static_cast<const float*>(kp), static_cast<const float*>(vp), c.slots,
                              c.lengths, y.data(), t, h_, dh_, hk_, c.path_width, kc.stride(2), kc.stride(3),
                              vc.stride(2), vc.stride(3), c.prefix, scale_);
     std::vector<T> yt(t * qn), ao(t * d), r(t * d), rn(t * d);
     for (int64_t i = 0; i < t * qn; ++i) yt[i] = static_cast<T>(y[i]);
-    project(o_, yt.data(), t, acc, ao.data());
-    const T* res = norm_before_residual_ ? normed.data() : hrows.data();
-    for (int64_t i = 0; i < t * d; ++i) r[i] = static_cast<T>(f(res[i]) + f(ao[i]));
+    project(w.o, yt.data(), t, acc, ao.data());
+    for (int64_t i = 0; i < t * d; ++i) r[i] = static_cast<T>(f(residual[i]) + f(ao[i]));
     // MLP: down(T(silu(gate)) * up), gate | up one projection
-    const int64_t inter = gu_.n / 2;
-    std::vector<T> gu(t * gu_.n), m(t * inter), dn(t * d);
-    norm(r.data(), t, 2, rn.data());
-    project(gu_, rn.data(), t, acc, gu.data());
+    const int64_t inter = w.gu.n / 2;
+    std::vector<T> gu(t * w.gu.n), m(t * inter), dn(t * d);
+    norm(r.data(), t, w.norm_post, rn.data());
+    project(w.gu, rn.data(), t, acc, gu.data());
     for (int64_t i = 0; i < t; ++i)
       for (int64_t j = 0; j < inter; ++j) {
-        const float g = f(gu[i * gu_.n + j]);
+        const float g = f(gu[i * w.gu.n + j]);
         const T s = static_cast<T>(g / (1.0f + std::exp(-g)));
-        m[i * inter + j] = static_cast<T>(f(s) * f(gu[i * gu_.n + inter + j]));
+        m[i * inter + j] = static_cast<T>(f(s) * f(gu[i * w.gu.n + inter + j]));
       }
-    project(down_, m.data(), t, acc, dn.data());
+    project(w.down, m.data(), t, acc, dn.data());
     for (int64_t i = 0; i < t * d; ++i) out[i] = static_cast<T>(f(r[i]) + f(dn[i]));
-    // draft log-probs of rows logits_from .. T - 1: norm, vocabulary head (its logits rounded to T), log-softmax
-    const int64_t lr = t - c.logits_from, v = lm_.n;
-    std::vector<T> fin(lr * d), lg(lr * v);
-    norm(out + c.logits_from * d, lr, 3, fin.data());
-    project(lm_, fin.data(), lr, acc, lg.data());
-    for (int64_t i = 0; i < lr; ++i) log_softmax(lg.data() + i * v, v, logp + i * v);
   }
 
   // the k largest of x [v], best first (equal values: the lower index first), as values and ids[index]
@@ -318,7 +361,8 @@ class HeadStep {
   bool norm_before_residual_;
   int64_t prefetch_;
   float scale_;
-  Proj qkv_, o_, gu_, down_, lm_;
+  std::vector<Layer> layers_;  // EAGLE-3's layer, then the plain ones (cache layers 0, 1, ...)
+  Proj lm_;
 };
 
 }  // namespace
@@ -326,7 +370,8 @@ class HeadStep {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<HeadStep>(m, "HeadStep")
       .def(py::init<at::Tensor, std::vector<at::Tensor>, double, ProjArgs, ProjArgs, ProjArgs, ProjArgs, ProjArgs,
-                    at::Tensor, at::Tensor, int64_t, int64_t, int64_t, int64_t, bool, int64_t>())
+                    at::Tensor, at::Tensor, int64_t, int64_t, int64_t, int64_t, bool, int64_t,
+                    std::vector<LayerArgs>>())
       .def("run", &HeadStep::run,
            "one head call: (out [T, D], logp [R, V_draft] float32, top-k log-probs [R, k], their target ids [R, k])")
       .def_property_readonly("fuses", &HeadStep::fuses, "whether run(..., taps) projects the fused taps itself");

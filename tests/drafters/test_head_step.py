@@ -13,12 +13,17 @@ from eyas.drafters.eagle3 import Eagle3Drafter, random_eagle3_head
 STEP = kernels.head_step()
 needs_step = pytest.mark.skipif(STEP is None or not STEP.available(), reason="needs the compiled head step (AVX2)")
 DTYPES = (pytest.param(torch.float32, id="f32"), pytest.param(torch.bfloat16, id="bf16"))
+LAYERS = (pytest.param(1, id="1-layer"), pytest.param(2, id="2-layer"))  # EAGLE-3's layer, then a plain one
 
 
-def _drafter(tiny, dtype: torch.dtype, monkeypatch) -> Eagle3Drafter:
+def _drafter(tiny, dtype: torch.dtype, monkeypatch, layers: int = 1) -> Eagle3Drafter:
     monkeypatch.setenv("EYAS_HEAD_INT8", "1")  # int8 rows for a bf16 head too, whatever this CPU's timing says
     target = tiny.native("llama", seed=0).to(dtype)
-    head = random_eagle3_head(target.config, draft_vocab_size=128, seed=3)
+    head = random_eagle3_head(target.config, draft_vocab_size=128, seed=3, num_layers=layers)
+    g = torch.Generator().manual_seed(11)
+    for name, w in head.named_parameters():  # norms apart from their ones, so that a norm taken for another differs
+        if name.endswith("norm.weight"):
+            w.data = (1 + 0.3 * torch.randn(w.shape, generator=g)).to(w.dtype)
     drafter = Eagle3Drafter(target_model=target, head=head, tree="dynamic:2,3,4")
     if drafter.step is None:
         pytest.skip("no int8 head here (the bf16 block kernel or the int8 kernel is missing)")
@@ -34,31 +39,37 @@ def _calls(d: Eagle3Drafter, step):
     d.start(64)
     cfg, g = d.head.config, torch.Generator().manual_seed(0)
     cache = d.state.cache
-    cache.k[0, 0, :, :7] = torch.randn(cfg.num_kv_heads, 7, cfg.head_dim, generator=g)
-    cache.v[0, 0, :, :7] = torch.randn(cfg.num_kv_heads, 7, cfg.head_dim, generator=g)
+    cache.k[:, 0, :, :7] = torch.randn(cache.k.shape[0], cfg.num_kv_heads, 7, cfg.head_dim, generator=g)
+    cache.v[:, 0, :, :7] = torch.randn(cache.v.shape[0], cfg.num_kv_heads, 7, cfg.head_dim, generator=g)
     dtype = d.head_dtype
     tokens = torch.randint(0, cfg.vocab_size, (5,), generator=g).tolist()
     feats = torch.randn(5, cfg.hidden_size, generator=g).to(dtype)
     with torch.inference_mode():
         a = d._fast_call(tokens, feats, None, 7, 1, 7, 7, [list(range(i + 1)) for i in range(5)], 4)
         b = d._fast_call([3, 9, 40], a.hidden, [4, 4, 2], 12, 0, 12, 12, [[0], [1], [2]], 0)
-    outs = [a.hidden, a.logp, b.hidden, b.logp, cache.k[0, 0, :, 7:15].clone(), cache.v[0, 0, :, 7:15].clone()]
+    outs = [a.hidden, a.logp, b.hidden, b.logp, cache.k[:, 0, :, 7:15].clone(), cache.v[:, 0, :, 7:15].clone()]
     return outs, (a.top, b.top)
 
 
 @needs_step
+@pytest.mark.parametrize("layers", LAYERS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_the_native_call_is_the_torch_fast_path(tiny, dtype, monkeypatch) -> None:
+def test_the_native_call_is_the_torch_fast_path(tiny, dtype, layers, monkeypatch) -> None:
     """Same kernels, same roundings: outputs and cache entries to the bit but for silu's exp (at most one ulp of the
     head's dtype, rarely); log-probs to float32 rounding (libm's exp against torch's); the same top draft tokens, and
-    each row's top-k (the tree's 2) is its log-probs' as target ids."""
-    d = _drafter(tiny, dtype, monkeypatch)
+    each row's top-k (the tree's 2) is its log-probs' as target ids. A two-layer head: its second layer's k and v in
+    cache layer 1."""
+    d = _drafter(tiny, dtype, monkeypatch, layers)
     step = d.step
     (ref, ref_top), (got, got_top) = _calls(d, None), _calls(d, step)
     for r, x in zip(ref, got, strict=True):
         assert x.shape == r.shape and x.dtype == r.dtype
-    torch.testing.assert_close(got[4], ref[4], rtol=0, atol=0)  # k: written before the MLP, to the bit
-    torch.testing.assert_close(got[5], ref[5], rtol=0, atol=0)
+    assert got[4].shape[0] == layers and bool(got[4][-1].abs().sum() > 0)  # every layer wrote its cache layer
+    torch.testing.assert_close(got[4][0], ref[4][0], rtol=0, atol=0)  # layer 0's k: written before any MLP, to the bit
+    torch.testing.assert_close(got[5][0], ref[5][0], rtol=0, atol=0)
+    for i in (4, 5):  # a later layer's k and v come after an MLP's silu: within its output's ulp
+        diff = (got[i][1:] - ref[i][1:]).abs()
+        assert (diff <= 2 ** -6 * ref[i][1:].abs().clamp(min=1e-2)).all()
     ulp = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -22
     for i in (0, 2):
         diff = (got[i].float() - ref[i].float()).abs()
@@ -102,9 +113,10 @@ def test_the_native_call_fuses_the_taps_as_the_head_does(tiny, monkeypatch) -> N
 
 
 @needs_step
+@pytest.mark.parametrize("layers", LAYERS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_greedy_decoding_with_the_native_call_is_plain_greedy(tiny, dtype, monkeypatch) -> None:
-    d = _drafter(tiny, dtype, monkeypatch)
+def test_greedy_decoding_with_the_native_call_is_plain_greedy(tiny, dtype, layers, monkeypatch) -> None:
+    d = _drafter(tiny, dtype, monkeypatch, layers)
     target = d.target
     prompt = torch.randint(0, target.config.vocab_size, (11,), generator=torch.Generator().manual_seed(5))
 
