@@ -61,6 +61,8 @@ from eyas.types import DraftOutput
 
 WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # verify widths measured (nodes, root included)
 CONTEXT = 160  # prompt tokens before the timed steps (a typical chat prompt)
+# environment switches that send drafting down slower paths (eyas.drafters.head_step, eyas.drafters.head_kernels)
+DRAFT_SWITCHES = ("EYAS_HEAD_STEP", "EYAS_HEAD_FAST")
 
 
 class JunkTree(Drafter):
@@ -207,6 +209,9 @@ def tree_cost_key(target: LoadedTarget, head_dir: Path, exact: bool, hybrid: boo
     # models had their plan before the key named it (their tables stay valid)
     plan = model.dtype == torch.float32 and getattr(model, "decode_plan", lambda: None)() is not None
     backend = {**backend, "f32_decode_plan": True} if plan else backend
+    # the head's compiled paths switched off (a one-process A/B's slower arm): their own tables, a key field only
+    # when off, so the default's tables stay valid (one timed under EYAS_HEAD_STEP=0 once stood as the default's)
+    backend.update({name.lower(): "0" for name in DRAFT_SWITCHES if os.environ.get(name, "1") == "0"})
     return machine_key(
         target=target.name, dtype=str(model.dtype), device=str(model.device), exact=exact, head=head_dir.name,
         widths=list(WIDTHS), hybrid=hybrid, draft_fit="paired-6x24-nnls5", step_fit="paired-3x12-monotone",

@@ -155,6 +155,19 @@ def test_the_cost_key_of_an_hf_backend_target(tmp_path, tiny, llama):
     assert key != autotree.tree_cost_key(native, tmp_path, exact=False, hybrid=True)
 
 
+def test_the_cost_key_tells_drafting_switched_off_apart(tmp_path, llama, monkeypatch):
+    """A table timed with the native head call or the head's kernels switched off is not the default's: their own
+    key, and the default's key has no such field (its cached tables stay valid)."""
+    target = LoadedTarget(model=llama, tokenizer=None, path=tmp_path, name="tiny")
+    default = autotree.tree_cost_key(target, tmp_path, exact=False, hybrid=True)
+    assert not any(k.startswith("eyas_") for k in default)
+    for name in autotree.DRAFT_SWITCHES:
+        monkeypatch.setenv(name, "0")
+        assert autotree.tree_cost_key(target, tmp_path, exact=False, hybrid=True) != default, name
+        monkeypatch.setenv(name, "1")
+        assert autotree.tree_cost_key(target, tmp_path, exact=False, hybrid=True) == default, name
+
+
 # ---- integration: eyas.load, eyas generate --json, the server's policy endpoint (embedded model) ------
 @pytest.fixture
 def fake_costs(tmp_path, monkeypatch):
