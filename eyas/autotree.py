@@ -214,6 +214,9 @@ def tree_cost_key(target: LoadedTarget, head_dir: Path, exact: bool, hybrid: boo
     backend.update({name.lower(): "0" for name in DRAFT_SWITCHES if os.environ.get(name, "1") == "0"})
     return machine_key(
         target=target.name, dtype=str(model.dtype), device=str(model.device), exact=exact, head=head_dir.name,
+        # the head's shape (layers, MLP width, draft vocabulary: its config.json), so a head replaced in place by a
+        # larger one (a second layer, a wider MLP) is timed again; retrained weights of the same shape cost the same
+        head_config=head_config_digest(head_dir),
         widths=list(WIDTHS), hybrid=hybrid, draft_fit="paired-6x24-nnls5", step_fit="paired-3x12-monotone",
         # exact mode's compiled tree attention (eyas.kernels) or per-node mirrors: different costs by width
         path_kernel=exact and getattr(model, "path_kernel", lambda: None)() is not None,
@@ -248,6 +251,12 @@ def machine_costs(target: LoadedTarget, head_dir: Path, exact: bool, hybrid: boo
 
     d = cached_json("tree_costs", tree_cost_key(target, head_dir, exact, hybrid), measure, cache_dir)
     return {int(w): s for w, s in d["step_seconds"].items()}, DraftCost(**d["draft"])
+
+
+def head_config_digest(head_dir: Path) -> str:
+    """sha256 (first 16 hex digits) of the head's config.json, or "" where it has none."""
+    f = head_dir / "config.json"
+    return hashlib.sha256(f.read_bytes()).hexdigest()[:16] if f.exists() else ""
 
 
 def weights_digest(head_dir: Path) -> str:

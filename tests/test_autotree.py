@@ -168,6 +168,23 @@ def test_the_cost_key_tells_drafting_switched_off_apart(tmp_path, llama, monkeyp
         assert autotree.tree_cost_key(target, tmp_path, exact=False, hybrid=True) == default, name
 
 
+def test_the_cost_key_follows_the_heads_shape(tmp_path, llama):
+    """A head directory whose config.json changes (a second layer, a wider MLP) is timed again; the same config in
+    another place of the same name is the same key."""
+    target = LoadedTarget(model=llama, tokenizer=None, path=tmp_path, name="tiny")
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "config.json").write_text('{"num_hidden_layers": 1}')
+    one = autotree.tree_cost_key(target, head, exact=False, hybrid=True)
+    (head / "config.json").write_text('{"num_hidden_layers": 2}')
+    two = autotree.tree_cost_key(target, head, exact=False, hybrid=True)
+    assert one != two
+    twin = tmp_path / "elsewhere" / "head"
+    twin.mkdir(parents=True)
+    (twin / "config.json").write_text('{"num_hidden_layers": 2}')
+    assert autotree.tree_cost_key(target, twin, exact=False, hybrid=True) == two
+
+
 # ---- integration: eyas.load, eyas generate --json, the server's policy endpoint (embedded model) ------
 @pytest.fixture
 def fake_costs(tmp_path, monkeypatch):
