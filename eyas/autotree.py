@@ -79,7 +79,7 @@ class JunkTree(Drafter):
         return DraftOutput(tree=make_tree(tokens, self.parents.to(history.device), validate=False))
 
 
-def measure_step_costs(model, exact: bool, widths=WIDTHS, steps: int = 12, rounds: int = 3) -> dict[int, float]:
+def measure_step_costs(model, exact: bool, widths=WIDTHS, steps: int = 12, rounds: int = 5) -> dict[int, float]:
     """Seconds per decoding step verifying a tree of w nodes, for each w: the narrowest width's median step, plus
     the median over ``rounds`` of w's median step less the narrowest's timed right before it (``steps`` steps each),
     made non-decreasing in w.
@@ -89,8 +89,11 @@ def measure_step_costs(model, exact: bool, widths=WIDTHS, steps: int = 12, round
     33.6 ms against 24.7 for 1 (verify forwards of 19.5 / 21.2 / 28.2 ms at 1 / 4 / 8 nodes in decoding half an
     hour before), which priced every verify row at 0.27-0.69 tokens and cut the tree to top-k 2. Medians, not the
     fastest steps: the fastest of 8 caught some widths well below their typical cost (3 nodes at 6.7 ms against
-    7.3 for 2 on the Zen 5 VM) and made the sizer's predictions run ~10 % high. A wider tree never costs less
-    than a narrower one (it does the same work and more).
+    7.3 for 2 on the Zen 5 VM) and made the sizer's predictions run ~10 % high. Five rounds, not three (~7 s more,
+    once per machine and build): a median of three let a spell over two rounds through, as in one table of eleven on
+    the Zen 4 VM (2 and 4 nodes ~2x their usual cost over one; docs/results/tree_costs_zen4_noisy.json), whose
+    trees replay 3 % slower on the usual table (scripts/adaptive_replay.py --policy-costs). A wider tree never
+    costs less than a narrower one (it does the same work and more).
     """
     prompt = torch.randint(0, model.config.vocab_size, (CONTEXT,), generator=torch.Generator().manual_seed(0))
     prompt = prompt.to(model.device)
@@ -217,7 +220,7 @@ def tree_cost_key(target: LoadedTarget, head_dir: Path, exact: bool, hybrid: boo
         # the head's shape (layers, MLP width, draft vocabulary: its config.json), so a head replaced in place by a
         # larger one (a second layer, a wider MLP) is timed again; retrained weights of the same shape cost the same
         head_config=head_config_digest(head_dir),
-        widths=list(WIDTHS), hybrid=hybrid, draft_fit="paired-6x24-nnls5", step_fit="paired-3x12-monotone",
+        widths=list(WIDTHS), hybrid=hybrid, draft_fit="paired-6x24-nnls5", step_fit="paired-5x12-monotone",
         # exact mode's compiled tree attention (eyas.kernels) or per-node mirrors: different costs by width
         path_kernel=exact and getattr(model, "path_kernel", lambda: None)() is not None,
         # bf16 projections on prepacked weights (eyas.models.packed) are several times cheaper at few rows
@@ -244,7 +247,7 @@ def machine_costs(target: LoadedTarget, head_dir: Path, exact: bool, hybrid: boo
 
     def measure() -> dict:
         one_time_note("sizing the draft tree to this machine: timing verify steps by width",
-                      f"~30 s on 2 cores, cached under {cache_dir}")
+                      f"~35 s on 2 cores, cached under {cache_dir}")
         cost = measure_step_costs(target.model, exact)
         head = load_eagle3(head_dir, target.model.config, target.model.dtype)
         return {"step_seconds": cost, "draft": asdict(measure_draft_cost(head, target.model, exact, hybrid=hybrid))}

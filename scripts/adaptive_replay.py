@@ -6,10 +6,12 @@ greedy text; a fixed tree keeps the first levels and the best-ranked candidates,
 the frontier's best path probability is >= feed and keeps what its prices pay for (``StepBudget``, the rule decoding
 runs). Greedy verification accepts the longest kept path the text follows, and decoding's trajectory is replayed
 (eyas.tree_replay). Step cost = forward(nodes) + per_step + levels fed * (per_level + k * per_node), from the machine's
-cached table (eyas.autotree) unless ``--costs`` gives one.
+cached table (eyas.autotree) unless ``--costs`` gives one. ``--policy-costs``: size the trees (the fixed pick and the
+adaptive budget) on another table and replay them on ``--costs``: what a mis-timed table costs.
 
 python scripts/tune_questions.py --out /tmp/tune.jsonl
 python scripts/adaptive_replay.py --questions /tmp/tune.jsonl --limit 24
+python scripts/adaptive_replay.py --questions /tmp/tune.jsonl --limit 24 --costs good.json --policy-costs noisy.json
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--depth", type=int, default=6)
     ap.add_argument("--costs", default=None, help="a tree_costs JSON (default: this machine's, measured if missing)")
+    ap.add_argument("--policy-costs", default=None, help="a tree_costs JSON to size the trees on (default: --costs)")
     a = ap.parse_args()
     import eyas
     from eyas.autotree import adaptive_max_total, head_dir_of, load_profile, machine_costs
@@ -90,14 +93,16 @@ def main() -> None:
 
     spec = eyas.load(dtype="bfloat16", drafter="none")
     head_dir = head_dir_of(spec.target, DrafterSpec("hybrid"))
-    if a.costs:
-        d = json.load(open(a.costs))
-        cost, draft = {int(w): s for w, s in d["step_seconds"].items()}, DraftCost(**d["draft"])
-    else:
-        cost, draft = machine_costs(spec.target, head_dir, True, hybrid=True)
+    def read(path: str) -> tuple[dict, DraftCost]:
+        d = json.load(open(path))
+        return {int(w): s for w, s in d["step_seconds"].items()}, DraftCost(**d["draft"])
+
+    cost, draft = read(a.costs) if a.costs else machine_costs(spec.target, head_dir, True, hybrid=True)
+    priced, priced_draft = read(a.policy_costs) if a.policy_costs else (cost, draft)
     profile = load_profile(head_dir)
-    choice = choose_tree(cost, draft, profile, max_nodes=32)  # what eyas.autotree picks and prices for the default
-    budget = step_budget(choice, cost, draft, profile, adaptive_max_total(choice, 32))
+    # what eyas.autotree picks and prices for the default, on the policy's table
+    choice = choose_tree(priced, priced_draft, profile, max_nodes=32)
+    budget = step_budget(choice, priced, priced_draft, profile, adaptive_max_total(choice, 32))
     most_total = budget.max_total
     k = budget.top_k
     most = DynamicTreeConfig(k, a.depth, 1).max_candidates
