@@ -3,7 +3,7 @@ on a cost table: predicted tokens/s over plain, and τ, without timing anything 
 
 At every answer position the drafter drafts its full candidate set (top-k, depth ``--depth``) over the target's own
 greedy text; a fixed tree keeps the first levels and the best-ranked candidates, an adaptive one feeds levels while
-the frontier's best path probability is >= feed and keeps what its prices pay for (``StepBudget``, the rule decoding
+the frontier's path probabilities sum to >= feed and keeps what its prices pay for (``StepBudget``, the rule decoding
 runs). Greedy verification accepts the longest kept path the text follows, and decoding's trajectory is replayed
 (eyas.tree_replay). Step cost = forward(nodes) + per_step + levels fed * (per_level + k * per_node), from the machine's
 cached table (eyas.autotree) unless ``--costs`` gives one. ``--policy-costs``: size the trees (the fixed pick and the
@@ -24,7 +24,7 @@ import torch
 
 
 def replay_books(spec, drafter, questions: list[str], max_new_tokens: int, depth: int) -> list[list[tuple]]:
-    """Per text, per answer position: (depth, key, true path, best key by depth) of the drafter's full candidates."""
+    """Per text, per answer position: (depth, key, true path, keys by depth) of the drafter's full candidates."""
     from tqdm import tqdm
 
     from eyas.tree_replay import draft_along, text_features
@@ -40,7 +40,7 @@ def replay_books(spec, drafter, questions: list[str], max_new_tokens: int, depth
 
 
 def position(builder, truth: list[int]):
-    """(depth, key, true path slots, best key by depth) of one position's candidates."""
+    """(depth, key, true path slots, keys by depth, best first) of one position's candidates."""
     from eyas.tree_replay import true_path
 
     tok, par, _ = builder.candidates()
@@ -48,14 +48,16 @@ def position(builder, truth: list[int]):
     for s in range(1, len(tok)):  # a parent's slot is below its children's
         depth[s] = depth[par[s]] + 1
     key = [math.inf, *builder.keys(list(range(1, len(tok))))]
-    best: dict[int, float] = {}
+    by_depth: dict[int, list[float]] = {}
     for s in range(1, len(tok)):
-        best[depth[s]] = max(best.get(depth[s], -math.inf), key[s])
-    return depth, key, true_path(tok, par, truth), best
+        by_depth.setdefault(depth[s], []).append(key[s])
+    for keys in by_depth.values():
+        keys.sort(reverse=True)
+    return depth, key, true_path(tok, par, truth), by_depth
 
 
 def replay(texts, choose, cost, draft, k: int) -> tuple[float, float]:
-    """(τ, tokens per second) of decoding every text with ``choose(depth, key, best) -> (levels, kept)``."""
+    """(τ, tokens per second) of decoding every text with ``choose(depth, key, by_depth) -> (levels, kept)``."""
     from eyas.tree.sizing import interpolate
 
     tokens = steps = 0
@@ -63,8 +65,8 @@ def replay(texts, choose, cost, draft, k: int) -> tuple[float, float]:
     for pos in texts:
         j = 0
         while j < len(pos):
-            depth, key, path, best = pos[j]
-            levels, kept = choose(depth, key, best)
+            depth, key, path, by_depth = pos[j]
+            levels, kept = choose(depth, key, by_depth)
             ranked = sorted((s for s in range(1, len(depth)) if depth[s] <= levels), key=lambda s: (-key[s], s))
             keep = set(ranked[:kept])
             accepted = next((i for i, s in enumerate(path) if s not in keep or depth[s] > levels), len(path))
@@ -112,11 +114,11 @@ def main() -> None:
     plain = 1.0 / interpolate(cost, 1)
 
     def fixed(d: int, t: int):
-        return lambda depth, key, best: (d, t)
+        return lambda depth, key, by_depth: (d, t)
 
-    def adaptive(depth, key, best):
-        levels = 1
-        while levels < a.depth and budget.keep_feeding(best.get(levels, -math.inf)):
+    def adaptive(depth, key, by_depth):
+        levels = 1  # a level's frontier: its k best candidates, what EAGLE-2 feeds next
+        while levels < a.depth and by_depth.get(levels) and budget.keep_feeding(by_depth[levels][:k]):
             levels += 1
         keys = sorted((key[s] for s in range(1, len(depth)) if depth[s] <= levels), reverse=True)
         return levels, budget.total(keys[: budget.max_total])

@@ -100,8 +100,8 @@ class StaticExpansion:
 class DynamicExpansion:
     """EAGLE-2: expand the best frontier by cumulative log-prob, then rerank.
 
-    With a ``StepBudget`` (``--tree adaptive:...``) each step stops feeding levels once the frontier's best
-    path probability falls below the budget's ``feed`` and keeps as many nodes as its prices say pay
+    With a ``StepBudget`` (``--tree adaptive:...``) each step stops feeding levels once the frontier's path
+    probabilities sum below the budget's ``feed`` and keeps as many nodes as its prices say pay
     (eyas.tree.budget); ``cfg.depth`` and ``cfg.total_tokens`` are then the most a step may use.
     """
 
@@ -119,11 +119,11 @@ class DynamicExpansion:
 
     def _feed(self, f: Frontier) -> Frontier | None:
         """The frontier is the feed (it has Feed's fields, each tensor made on first use); None past the last level,
-        or (adaptive) once its best node is too unlikely to be reached for another level to pay.
+        or (adaptive) once its nodes are too unlikely to be reached for another level to pay.
         """
         if f.depth >= self.cfg.depth:
             return None
-        if self.budget is not None and not self.budget.keep_feeding(max(self.builder.keys(f.slots))):
+        if self.budget is not None and not self.budget.keep_feeding(self.builder.keys(f.slots)):
             return None
         return f
 

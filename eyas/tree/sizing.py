@@ -119,8 +119,8 @@ def step_budget(choice: TreeChoice, cost: dict[int, float], draft: DraftCost, pr
     ``price[n] = rate * (forward(n + 1) - forward(1))``: the tokens n drafted rows must return to pay for their
     share of the verify forward at the rate the fixed tree makes. ``feed = rate * (level + row) / q``: a level costs
     a head forward over k nodes (``draft``) and, if its nodes are kept, about a row each (the table's mean from 1
-    to ``max_total + 1`` nodes); it pays when the frontier's best node (probability p) is reached and its child is
-    right (the head's depth-2 top-1 acceptance q), so it is fed while p * q >= rate * (level + row). Top-k is
+    to ``max_total + 1`` nodes); it pays when the frontier's nodes (probabilities p) are reached and their children
+    are right (the head's depth-2 top-1 acceptance q), so it is fed while q * sum(p) >= rate * (level + row). Top-k is
     the fixed tree's, at least 2 (a chain has no sibling to keep when the head is unsure); depth up to the
     profile's.
     """

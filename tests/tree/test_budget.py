@@ -28,11 +28,13 @@ def test_total_keeps_the_nodes_that_pay_for_their_rows():
         b.total([])
 
 
-def test_keep_feeding_compares_the_best_path_probability():
+def test_keep_feeding_sums_the_frontiers_path_probabilities():
     b = StepBudget(top_k=2, depth=6, feed=0.4, prices=(0.1,))
-    assert b.keep_feeding(LOG(0.41)) and not b.keep_feeding(LOG(0.39))
+    assert b.keep_feeding([LOG(0.41)]) and not b.keep_feeding([LOG(0.39)])
+    # each node may be reached and draft a right child: two at .25 and .2 are worth a level, though neither alone is
+    assert b.keep_feeding([LOG(0.25), LOG(0.2)]) and not b.keep_feeding([LOG(0.2), LOG(0.15)])
     always = StepBudget(top_k=2, depth=6, feed=0.0, prices=(0.1,))
-    assert always.keep_feeding(-1e9)
+    assert always.keep_feeding([-1e9])
 
 
 def test_spec_round_trips_and_bad_specs_say_the_format():
@@ -65,19 +67,21 @@ def _logp(pairs: list[tuple[int, float]], vocab: int = 16) -> torch.Tensor:
 
 def test_an_unsure_head_stops_feeding_and_a_sure_one_goes_deeper():
     exp = make_expansion("adaptive:2,4,0.5,0.05/0.05/0.3/0.6/0.9/1.2")
-    # the root's best child at 0.3 < feed 0.5: no head forward at all
-    assert exp.start(torch.tensor(9), _logp([(1, 0.3), (2, 0.2)])) is None
+    # the root's children at 0.3 + 0.15 < feed 0.5: no head forward at all
+    assert exp.start(torch.tensor(9), _logp([(1, 0.3), (2, 0.15)])) is None
     tree = exp.finish()
     assert tree.tokens.tolist() == [9, 1, 2]  # both depth-1 nodes: the second row costs nothing more
-    # sure: fed to depth 3 (the frontier's best stays >= 0.5), then the node prices pick 4 of the candidates
+    # two children at 0.3 + 0.25 >= 0.5 are fed, though neither alone reaches it
+    assert exp.start(torch.tensor(9), _logp([(1, 0.3), (2, 0.25)])) is not None
+    # sure: fed to depth 3 (the frontier's probabilities sum to >= 0.5), then the node prices pick 4 of the candidates
     feed = exp.start(torch.tensor(9), _logp([(1, 0.95), (2, 0.03)]))
     assert feed is not None and feed.depth == 1
     feed = exp.grow(torch.stack([_logp([(3, 0.9), (4, 0.05)]), _logp([(5, 0.5), (6, 0.4)])]))
-    assert feed is not None and feed.depth == 2
-    feed = exp.grow(torch.stack([_logp([(7, 0.5), (8, 0.3)]), _logp([(7, 0.6), (8, 0.3)])]))
-    assert feed is None  # best path .95 * .9 * .5 = .43 < .5
+    assert feed is not None and feed.depth == 2  # frontier 3 (.855) and 4 (.048)
+    feed = exp.grow(torch.stack([_logp([(7, 0.35), (8, 0.15)]), _logp([(7, 0.6), (8, 0.3)])]))
+    assert feed is None  # frontier 7 (.95 * .9 * .35 = .30) and 8 (.13): .43 < .5
     tree = exp.finish()
-    # ranked: 1 (.95), 3 (.855), 7 (.43), 8 (.26), 4 (.048) ...; gains - prices: .90, 1.76, 1.93, 1.89 -> 3 drafts
+    # ranked: 1 (.95), 3 (.855), 7 (.30), 8 (.13), 4 (.048) ...; gains - prices: .90, 1.76, 1.80, 1.63 -> 3 drafts
     assert tree.tokens.tolist() == [9, 1, 3, 7]
     assert tree.parents.tolist() == [-1, 0, 1, 2]
 
