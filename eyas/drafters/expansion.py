@@ -11,6 +11,7 @@ tree kind::
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -108,6 +109,9 @@ class DynamicExpansion:
     def __init__(self, cfg: DynamicTreeConfig, budget: StepBudget | None = None) -> None:
         self.cfg = cfg
         self.budget = budget
+        # EYAS_FEED_RULE=best: the frontier's best path probability alone decides feeding (the rule before
+        # 2026-12-01), for one-process A/Bs (scripts/head_ab.py --later-env)
+        self.best_only = os.environ.get("EYAS_FEED_RULE", "sum") == "best"
         self.builder = DynamicTreeBuilder(cfg)
         self.max_fed = cfg.top_k * (cfg.depth - 1)
         self.max_nodes = cfg.total_tokens + 1  # kept draft tokens plus the root
@@ -123,9 +127,10 @@ class DynamicExpansion:
         """
         if f.depth >= self.cfg.depth:
             return None
-        if self.budget is not None and not self.budget.keep_feeding(self.builder.keys(f.slots)):
-            return None
-        return f
+        if self.budget is None:
+            return f
+        keys = self.builder.keys(f.slots)
+        return f if self.budget.keep_feeding([max(keys)] if self.best_only else keys) else None
 
     def start(self, root: torch.Tensor, logp: torch.Tensor) -> Frontier | None:
         top = logp.topk(self.cfg.top_k)  # host sync below: tree books live on CPU

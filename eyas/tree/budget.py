@@ -9,10 +9,11 @@ each step decides, from the candidates it has:
 * **depth**: after each level, feed the next one only while the frontier's path probabilities sum to at
   least ``feed`` (``keep_feeding``): each frontier node is reached with its probability p and then
   drafts a child, so a level is worth about ``q * sum(p)`` tokens (q the head's accuracy past the
-  root). Until 2026-12-01 only the frontier's best p counted, which stopped wide trees early: replayed
-  on the Zen 4 table, 1.556x -> 1.594x on 24 held-out requests (0.7 % on tuning ones), and with
-  verify rows free (a GPU's cost shape) 2.42x -> 2.70x, where the best node alone had left the
-  adaptive tree 11 % behind the best fixed one (docs/benchmarks.md);
+  root). Until 2026-12-01 only the frontier's best p counted, which stopped wide trees early: with
+  verify rows free (a GPU's cost shape) replayed 2.42x -> 2.70x, where the best node alone had left
+  the adaptive tree 11 % behind the best fixed one; in real decoding on the Zen 4 VM neutral
+  (0.984-1.011x, τ +2-4 %: its extra levels cost what they add; docs/benchmarks.md).
+  ``EYAS_FEED_RULE=best`` keeps the old rule (eyas.drafters.expansion);
 * **nodes**: keep the ``n`` best-ranked candidates that maximise ``sum(p_1 .. p_n) - price[n]``, where
   ``p_i`` is a candidate's path probability (exp of its ranking key: the expected tokens it adds)
   and ``price[n]`` the expected tokens the step must buy back to pay for ``n`` drafted rows

@@ -86,6 +86,14 @@ def test_an_unsure_head_stops_feeding_and_a_sure_one_goes_deeper():
     assert tree.parents.tolist() == [-1, 0, 1, 2]
 
 
+def test_the_best_only_rule_stays_for_ab_runs(monkeypatch):
+    """EYAS_FEED_RULE=best: the frontier's best path probability alone decides, as before 2026-12-01."""
+    monkeypatch.setenv("EYAS_FEED_RULE", "best")
+    exp = make_expansion("adaptive:2,4,0.5,0.05/0.05/0.3/0.6/0.9/1.2")
+    assert exp.start(torch.tensor(9), _logp([(1, 0.3), (2, 0.25)])) is None  # the sum rule feeds these
+    assert exp.start(torch.tensor(9), _logp([(1, 0.55), (2, 0.25)])) is not None
+
+
 def test_step_budget_prices_rows_at_the_fixed_trees_rate():
     cost = {1: 0.010, 2: 0.011, 4: 0.012, 8: 0.016}
     choice = TreeChoice(top_k=2, depth=2, total_tokens=3, predicted_tau=2.0, predicted_tok_s=150.0,
