@@ -89,7 +89,7 @@ def measure_step_costs(model, exact: bool, widths=WIDTHS, steps: int = 12, round
     33.6 ms against 24.7 for 1 (verify forwards of 19.5 / 21.2 / 28.2 ms at 1 / 4 / 8 nodes in decoding half an
     hour before), which priced every verify row at 0.27-0.69 tokens and cut the tree to top-k 2. Medians, not the
     fastest steps: the fastest of 8 caught some widths well below their typical cost (3 nodes at 6.7 ms against
-    7.3 for 2 on the Zen 5 VM) and made the sizer's predictions run ~10 % high. Five rounds, not three (~7 s more,
+    7.3 for 2 on the Zen 5 VM) and made the sizer's predictions run ~10 % high. Five rounds, not three (~5 s more,
     once per machine and build): a median of three let a spell over two rounds through, as in one table of eleven on
     the Zen 4 VM (2 and 4 nodes ~2x their usual cost over one; docs/results/tree_costs_zen4_noisy.json), whose
     trees replay 3 % slower on the usual table (scripts/adaptive_replay.py --policy-costs). A wider tree never

@@ -12,9 +12,9 @@ int8 projections, RoPE into the cache, path attention, RMSNorm) from one entry::
 with the same roundings as the torch fast path (``fuse``, ``fast_forward``, then ``_logp``) except silu and
 log-softmax (libm's exp against torch's vectorised one: the last float bit), and each row's top-k already mapped to
 target ids for the tree's books. Tokens, rows and paths go in as Python lists: no tensor is made for them. Only the
-draft can change; verification keeps the output lossless. It serves where the head is an ``Eagle3Head`` with one
-decoder layer (EAGLE-3's, then any plain layers after it: ``--head-layers``) whose projections, like the vocabulary
-head's, are int8 rows (eyas.models.int8_rows), the target's embedding is a dense table in the head's dtype, the kernel
+draft can change; verification keeps the output lossless. It serves where the head is an ``Eagle3Head`` whose
+decoder layers (EAGLE-3's, then any plain layers after it: ``--head-layers``) have int8-row projections, as its
+vocabulary head has (eyas.models.int8_rows), the target's embedding is a dense table in the head's dtype, the kernel
 builds and ``EYAS_HEAD_STEP`` is not 0; elsewhere the drafter keeps the torch fast path.
 """
 
@@ -80,23 +80,22 @@ class HeadStep:
         dtype = head.fc.weight.dtype
         if not isinstance(embedding, nn.Embedding) or embedding.weight.dtype != dtype:
             return None
-        ml = head.midlayer
-        attn = ml.self_attn
+        ml, later = head.midlayer, list(head.extra_layers)
         first, lm = _layer_projs(ml), attached_blocks(head.lm_head)
-        later = [_layer_projs(layer) for layer in head.extra_layers]
-        if first is None or any(p is None for p in later) or not isinstance(lm, Int8Rows):
-            return None
-        if head.lm_head.bias is not None:
+        later_projs = [_layer_projs(layer) for layer in later]
+        if (first is None or any(p is None for p in later_projs) or not isinstance(lm, Int8Rows)
+                or head.lm_head.bias is not None):
             return None
         norms = [ml.input_layernorm, ml.hidden_norm, ml.post_attention_layernorm, head.norm]
-        later_norms = [(layer.input_layernorm, layer.post_attention_layernorm) for layer in head.extra_layers]
-        if len({n.eps for n in [*norms, *(n for pair in later_norms for n in pair)]}) != 1:
+        eps = {n.eps for n in norms} | {n.eps for x in later for n in (x.input_layernorm, x.post_attention_layernorm)}
+        if len(eps) != 1:
             return None
         fc = attached_blocks(head.fc)  # the fused taps' projection: here where it is bf16 Q8_0 blocks, else in Python
         fc_data, fc_code = (fc.operands(dtype) if isinstance(fc, GGUFBlocks) and dtype == torch.bfloat16
                             and head.fc.bias is None else (torch.empty(0, dtype=torch.uint8), -1))
-        extra = [(n_in.weight.detach(), n_post.weight.detach(), *projs)
-                 for (n_in, n_post), projs in zip(later_norms, later, strict=True)]
+        extra = [(x.input_layernorm.weight.detach(), x.post_attention_layernorm.weight.detach(), *projs)
+                 for x, projs in zip(later, later_projs, strict=True)]
+        attn = ml.self_attn
         native = _kernel().HeadStep(embedding.weight.detach(), [n.weight.detach() for n in norms], norms[0].eps,
                                     *first, lm.kernel_weights(), head.draft_ids().cpu(), fc_data, fc_code,
                                     attn.h, attn.hk, attn.dh, head.cfg.norm_before_residual, prefetch_from_env(),
@@ -112,9 +111,10 @@ class HeadStep:
                  cache: KVCache, write_start: int, prefix: int, seen: list[list[int]], logits_from: int,
                  top_k: int = 0, taps: list[torch.Tensor] | None = None) -> HeadOut:
         """Row i: ``tokens[i]``, feature ``hid[rows[i]]`` (``hid[i]`` without rows; hid [P, D] in the head's dtype),
-        position pos0 + pos_step * i; its k and v go to slot write_start + i of ``cache`` (layer 0, one sequence,
-        float32); it attends slots 0 .. prefix - 1, then prefix + j for each j of ``seen[i]`` (its path, itself last:
-        ``HeadPaths.from_seen``'s). Log-probs for rows logits_from .. T - 1, with their ``top_k`` best (0: none).
+        position pos0 + pos_step * i; its k and v go to slot write_start + i of ``cache`` (decoder layer l's to cache
+        layer l, one sequence, float32); it attends slots 0 .. prefix - 1, then prefix + j for each j of ``seen[i]``
+        (its path, itself last: ``HeadPaths.from_seen``'s). Log-probs for rows logits_from .. T - 1, with their
+        ``top_k`` best (0: none).
         ``taps`` (where ``fuses``; then no hid, no rows): the target's taps [T, D_target] each, row i feeding row i,
         projected here as ``Eagle3Head.fuse`` does.
         """

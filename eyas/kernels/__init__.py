@@ -14,9 +14,9 @@ an unsupported platform) or its switch turns it off; callers then keep the pure-
   (AVX512-VNNI) so that only the few logits that can be the argmax are computed exactly;
 - ``layer_ops()`` (``layer_ops.cpp``, ``EYAS_LAYER_OPS``): RoPE + KV-cache write of exact decode forwards, and
   the row argmax greedy verification reads (``argmax``);
-- ``head_step()`` (``head_step.cpp``, ``EYAS_HEAD_STEP``): a one-layer EAGLE-3 head's whole call (the fused taps'
-  projection, embedding, layer, vocabulary head, log-softmax, top-k) as one native call over the kernels above (their
-  bodies are the ``.h`` files the modules bind).
+- ``head_step()`` (``head_step.cpp``, ``EYAS_HEAD_STEP``): an EAGLE-3 head's whole call (the fused taps'
+  projection, embedding, every decoder layer, vocabulary head, log-softmax, top-k) as one native call over the
+  kernels above (their bodies are the ``.h`` files the modules bind).
 
 Hot paths hold a ``Lazy`` of their getter (resolved once per process). The build (10-15 s a kernel on 2 cores; the
 sources include ``torch_ext.h``, not ``torch/extension.h``, which made it ~25 s)
