@@ -10,7 +10,7 @@ int8 projections, RoPE into the cache, path attention, RMSNorm) from one entry::
     out = step(tokens, hid [P, D], rows | None, pos0, pos_step, cache, write_start, prefix, seen, logits_from, top_k)
 
 with the same roundings as the torch fast path (``fuse``, ``fast_forward``, then ``_logp``) except silu and
-log-softmax (libm's exp against torch's vectorised one: the last float bit), and each row's top-k already mapped to
+log-softmax (kernels/vexp.h's SIMD exp against torch's: the last float bits), and each row's top-k already mapped to
 target ids for the tree's books. Tokens, rows and paths go in as Python lists: no tensor is made for them. Only the
 draft can change; verification keeps the output lossless. It serves where the head is an ``Eagle3Head`` whose
 decoder layers (EAGLE-3's, then any plain layers after it: ``--head-layers``) have int8-row projections, as its

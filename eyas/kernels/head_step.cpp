@@ -21,13 +21,14 @@
 //
 // Every step is the torch fast path's (Eagle3Head.fuse, Eagle3Head.fast_forward, Eagle3Drafter._logp) with the same
 // kernels and the same roundings to T between them, except silu and log-softmax (torch's vectorised exp against
-// libm's here: the last float bit, rarely a bf16 one). Only the draft can change; verification keeps the output
+// eyas_vexp's, vexp.h, and the order of log-softmax's sum: the last float bits, rarely a bf16 one). Only the draft can change; verification keeps the output
 // lossless.
 #include "gguf_bf16.h"
 #include "head_i8.h"
 #include "layer_ops.h"
 #include "path_attn.h"
 #include "rms_norm.h"
+#include "vexp.h"
 
 #include <cmath>
 #include <tuple>
@@ -313,12 +314,15 @@ class HeadStep {
     std::vector<T> gu(t * w.gu.n), m(t * inter), dn(t * d);
     norm(r.data(), t, w.norm_post, rn.data());
     project(w.gu, rn.data(), t, acc, gu.data());
-    for (int64_t i = 0; i < t; ++i)
+    std::vector<float> e(inter);  // e^-gate of a row (eyas_vexp: SIMD lanes, not libm's scalar expf)
+    for (int64_t i = 0; i < t; ++i) {
+      for (int64_t j = 0; j < inter; ++j) e[j] = -f(gu[i * w.gu.n + j]);
+      eyas_vexp::exp_array(e.data(), e.data(), inter);
       for (int64_t j = 0; j < inter; ++j) {
-        const float g = f(gu[i * w.gu.n + j]);
-        const T s = static_cast<T>(g / (1.0f + std::exp(-g)));
+        const T s = static_cast<T>(f(gu[i * w.gu.n + j]) / (1.0f + e[j]));
         m[i * inter + j] = static_cast<T>(f(s) * f(gu[i * w.gu.n + inter + j]));
       }
+    }
     project(w.down, m.data(), t, acc, dn.data());
     for (int64_t i = 0; i < t * d; ++i) out[i] = static_cast<T>(f(r[i]) + f(dn[i]));
   }
@@ -340,17 +344,11 @@ class HeadStep {
     }
   }
 
+  // out [v] = log_softmax(float(x)): (x - max) - log(sum of e^(x - max)), eyas_vexp's SIMD exp and lane sums
   template <typename T>
   static void log_softmax(const T* x, int64_t v, float* out) {
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < v; ++j) mx = std::max(mx, f(x[j]));
-    float sum = 0.0f;
-    for (int64_t j = 0; j < v; ++j) {
-      out[j] = f(x[j]) - mx;
-      sum += std::exp(out[j]);
-    }
-    const float ls = std::log(sum);
-    for (int64_t j = 0; j < v; ++j) out[j] -= ls;
+    for (int64_t j = 0; j < v; ++j) out[j] = f(x[j]);
+    eyas_vexp::log_softmax(out, v, out);
   }
 
   at::Tensor embed_, id_map_, fc_blocks_;
@@ -376,4 +374,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "one head call: (out [T, D], logp [R, V_draft] float32, top-k log-probs [R, k], their target ids [R, k])")
       .def_property_readonly("fuses", &HeadStep::fuses, "whether run(..., taps) projects the fused taps itself");
   m.def("available", &eyas_head_i8::available, "whether the int8 projections were built (AVX512-VNNI or AVX2)");
+  // vexp.h's functions on float32 tensors, for tests (tests/drafters/test_vexp.py)
+  m.def("exp", [](at::Tensor x) {
+    TORCH_CHECK(x.scalar_type() == at::kFloat, "head_step.exp: float32 input");
+    x = x.contiguous();
+    auto y = at::empty_like(x);
+    eyas_vexp::exp_array(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
+    return y;
+  }, "e^x elementwise, as the head's silu computes it");
+  m.def("log_softmax", [](at::Tensor x) {
+    TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 1, "head_step.log_softmax: a float32 row [V]");
+    x = x.contiguous();
+    auto y = at::empty_like(x);
+    eyas_vexp::log_softmax(x.data_ptr<float>(), x.numel(), y.data_ptr<float>());
+    return y;
+  }, "a row's log-softmax, as the head's draft log-probs are computed");
 }

@@ -56,7 +56,7 @@ def _calls(d: Eagle3Drafter, step):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_native_call_is_the_torch_fast_path(tiny, dtype, layers, monkeypatch) -> None:
     """Same kernels, same roundings: outputs and cache entries to the bit but for silu's exp (at most one ulp of the
-    head's dtype, rarely); log-probs to float32 rounding (libm's exp against torch's); the same top draft tokens, and
+    head's dtype, rarely); log-probs to float32 rounding (vexp.h's exp against torch's); the same top draft tokens, and
     each row's top-k (the tree's 2) is its log-probs' as target ids. A two-layer head: its second layer's k and v in
     cache layer 1."""
     d = _drafter(tiny, dtype, monkeypatch, layers)
