@@ -11,6 +11,8 @@ python scripts/head_ab.py --questions /tmp/tune.jsonl --limit 16 eyas/heads/smol
 # one head under two kernel settings: the first arm as the environment says, the second with --later-env set
 EYAS_HEAD_INT8=0 python scripts/head_ab.py --questions /tmp/tune.jsonl --limit 24 --dtype float32 \
     --later-env EYAS_HEAD_INT8=auto eyas/heads/smollm2-135m-instruct-eagle3 eyas/heads/smollm2-135m-instruct-eagle3
+# one head, the first arm's native head call built from an earlier revision's kernels (from the repository root)
+python scripts/head_ab.py --questions /tmp/tune.jsonl --limit 24 --base-step HEAD~1 H H
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ def main() -> None:
                     help="the tree of every head after the first (compare trees on one head); default: the first's")
     ap.add_argument("--later-env", action="append", default=[], metavar="NAME=VALUE",
                     help="set while loading every head after the first (compare kernel settings on one head)")
+    ap.add_argument("--base-step", default=None, metavar="REV",
+                    help="the first head's native call built from REV's kernels (compare a head_step.cpp change)")
     a = ap.parse_args()
     import os
 
@@ -69,6 +73,11 @@ def main() -> None:
     qs = [json.loads(line)["turns"][0] for line in open(a.questions)][: a.limit]
     first = eyas.load(dtype=a.dtype, drafter="hybrid", head=a.heads[0], tree=a.tree)
     tree = first.drafter_spec.tree
+    if a.base_step:
+        from head_step_cold import base_step
+
+        eagle = first.drafter.head  # the hybrid drafter's EAGLE-3 drafter
+        eagle.step = base_step(a.base_step, eagle, first.target.model.model.embed_tokens)
     os.environ.update(dict(kv.split("=", 1) for kv in a.later_env))
     later = a.later_tree or tree
     specs = [first] + [eyas.load(dtype=a.dtype, drafter="hybrid", head=h, tree=later) for h in a.heads[1:]]
