@@ -1,6 +1,7 @@
-"""The draft head's SIMD exp and log-softmax (eyas/kernels/vexp.h, bound by the head-step module for these tests):
-within an ulp or two of libm's / torch's exp over the float range, inf, 0 and NaN where e^x has them, and a row's
-log-softmax torch's to float32 rounding with the same order, at every length (full registers and a tail)."""
+"""The draft head's SIMD exp and log-softmax (eyas/kernels/vexp.h) and its top-k, bound by the head-step module for
+these tests: exp within an ulp or two of the correctly rounded value over the float range, inf, 0 and NaN where e^x
+has them; a row's log-softmax torch's to float32 rounding with the same order, at every length (full registers and
+a tail); the top-k the k largest with ties to the lower index."""
 
 from __future__ import annotations
 
@@ -57,3 +58,27 @@ def test_log_softmax_of_a_row_does_not_depend_on_where_it_lies():
     buf = torch.zeros(8192 + 3)
     buf[3:] = row
     assert torch.equal(STEP.log_softmax(row), STEP.log_softmax(buf[3:]))
+
+
+def _reference_top(x: list[float], k: int) -> list[int]:
+    """The k largest, best first, equal values by lower index."""
+    return sorted(range(len(x)), key=lambda j: (-x[j], j))[:k]
+
+
+@needs_step
+@pytest.mark.parametrize("length", [1, 3, 16, 17, 40, 8192, 8197])
+@pytest.mark.parametrize("k", [1, 2, 3, 8])
+def test_top_k_is_the_k_largest_with_ties_to_the_lower_index(length, k):
+    """The call's top-k (16 values at a time against the k-th best so far): many ties (values on a coarse grid),
+    rising rows (each chunk holds a new best) and a row whose best comes last."""
+    if k > length:
+        pytest.skip("k is at most the row's length")
+    g = torch.Generator().manual_seed(length * 10 + k)
+    rows = [torch.randint(0, 6, (length,), generator=g).float(),  # ties everywhere
+            torch.arange(length, dtype=torch.float32) * 0.5,  # every chunk beats the last
+            torch.cat([torch.zeros(length - 1), torch.ones(1)])]  # the best in the tail
+    for x in rows:
+        vals, idx = STEP.top_k(x, k)
+        ref = _reference_top(x.tolist(), k)
+        assert idx.tolist() == ref
+        assert torch.equal(vals, x[ref])
