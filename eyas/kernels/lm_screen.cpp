@@ -134,12 +134,15 @@ Rows quantise(const at::BFloat16* x, int64_t r, int64_t k) {
 
 #ifdef EYAS_LM_SCREEN
 // rows [i0, i0 + R) against group g: 16 approximations and bounds each
+// pf: the same bytes of a group ahead, prefetched beside each block's (one line per line read), or null
 template <int R>
 void group_pass(const Rows& q, int64_t i0, const uint8_t* w, const float* d, const float* l1d, __m512* acc,
-                __m512* bnd) {
+                __m512* bnd, const uint8_t* pf) {
   const int64_t k = q.nblk * QK;
   for (int i = 0; i < R; ++i) acc[i] = bnd[i] = _mm512_setzero_ps();
   for (int64_t b = 0; b < q.nblk; ++b) {
+    if (pf)
+      for (int c = 0; c < 8; ++c) _mm_prefetch(reinterpret_cast<const char*>(pf + (b * 8 + c) * 64), _MM_HINT_NTA);
     __m512i wv[8];
     for (int c = 0; c < 8; ++c) wv[c] = _mm512_loadu_si512(w + (b * 8 + c) * 64);
     const __m512 dv = _mm512_loadu_ps(d + b * LANES), lv = _mm512_loadu_ps(l1d + b * LANES);
@@ -156,21 +159,22 @@ void group_pass(const Rows& q, int64_t i0, const uint8_t* w, const float* d, con
 }
 
 void rows_pass(int rows, const Rows& q, int64_t i0, const uint8_t* w, const float* d, const float* l1d, __m512* acc,
-               __m512* bnd) {
+               __m512* bnd, const uint8_t* pf) {
   switch (rows) {
-    case 8: group_pass<8>(q, i0, w, d, l1d, acc, bnd); break;
-    case 7: group_pass<7>(q, i0, w, d, l1d, acc, bnd); break;
-    case 6: group_pass<6>(q, i0, w, d, l1d, acc, bnd); break;
-    case 5: group_pass<5>(q, i0, w, d, l1d, acc, bnd); break;
-    case 4: group_pass<4>(q, i0, w, d, l1d, acc, bnd); break;
-    case 3: group_pass<3>(q, i0, w, d, l1d, acc, bnd); break;
-    case 2: group_pass<2>(q, i0, w, d, l1d, acc, bnd); break;
-    default: group_pass<1>(q, i0, w, d, l1d, acc, bnd); break;
+    case 8: group_pass<8>(q, i0, w, d, l1d, acc, bnd, pf); break;
+    case 7: group_pass<7>(q, i0, w, d, l1d, acc, bnd, pf); break;
+    case 6: group_pass<6>(q, i0, w, d, l1d, acc, bnd, pf); break;
+    case 5: group_pass<5>(q, i0, w, d, l1d, acc, bnd, pf); break;
+    case 4: group_pass<4>(q, i0, w, d, l1d, acc, bnd, pf); break;
+    case 3: group_pass<3>(q, i0, w, d, l1d, acc, bnd, pf); break;
+    case 2: group_pass<2>(q, i0, w, d, l1d, acc, bnd, pf); break;
+    default: group_pass<1>(q, i0, w, d, l1d, acc, bnd, pf); break;
   }
 }
 #endif
 
-void check(const at::Tensor& x, const std::vector<at::Tensor>& packed, int64_t n) {
+void check(const at::Tensor& x, const std::vector<at::Tensor>& packed, int64_t n, int64_t prefetch) {
+  TORCH_CHECK(prefetch >= 0 && prefetch <= 64, "lm_screen: prefetch is 0 (off) to 64 groups ahead, got ", prefetch);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.size(1) % QK == 0,
               "lm_screen: x [R, K] bf16 with K a multiple of 32");
   TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= MAXR, "lm_screen: 1 to ", MAXR, " rows, got ", x.size(0));
@@ -188,13 +192,15 @@ struct Screen {
   const uint8_t* w;
   const float *d, *l;
   int64_t nblk;
+  int64_t ahead;  // groups ahead to prefetch (0: none)
 
-  Screen(const at::Tensor& x, const std::vector<at::Tensor>& packed)  // x contiguous
+  Screen(const at::Tensor& x, const std::vector<at::Tensor>& packed, int64_t prefetch)  // x contiguous
       : q(quantise(x.data_ptr<at::BFloat16>(), x.size(0), x.size(1))),
         w(packed[0].data_ptr<uint8_t>()),
         d(packed[1].data_ptr<float>()),
         l(packed[2].data_ptr<float>()),
-        nblk(x.size(1) / QK) {}
+        nblk(x.size(1) / QK),
+        ahead(prefetch) {}
 
   template <typename Visit>
   void run(int64_t g0, int64_t g1, Visit visit) const {
@@ -202,13 +208,16 @@ struct Screen {
     const __m512 grow = _mm512_set1_ps(1.0f + 0.0009765625f), out = _mm512_set1_ps(0.00390625f);
     const __m512 slack = _mm512_set1_ps(1.01f), tiny = _mm512_set1_ps(ABS_SLACK);
     const int64_t gw = nblk * 8 * 64, gs = nblk * LANES;
-    // no software prefetch: a group's weights are one stream the hardware prefetcher follows, and asking for the
-    // group after next in one burst measured slower (Zen 4, in decoding, scripts/step_profile.py --parts: the screen
-    // at 1 / 4 rows 1.07-1.31 / 1.48-1.69 ms with it, 0.83-1.16 / 1.03-1.34 without, three runs of each build)
+    // Software prefetch (``ahead`` groups on, the thread's own range only): each line of the group ahead is asked
+    // for beside the line read, non-temporal (read once: it should not push the draft head's weights, read next,
+    // out of the L3). Measured on the Zen 5 VM (eyas.models.lm_screen, EYAS_LM_SCREEN_PREFETCH). Asking for a
+    // whole group in one burst measured slower (Zen 4, in decoding: the screen at 1 / 4 rows 1.07-1.31 / 1.48-1.69
+    // ms with it, 0.83-1.16 / 1.03-1.34 without).
     for (int64_t g = g0; g < g1; ++g) {
+      const uint8_t* pf = ahead > 0 && g + ahead < g1 ? w + (g + ahead) * gw : nullptr;
       for (int64_t i0 = 0; i0 < q.r; i0 += RB) {
         const int rows = static_cast<int>(std::min<int64_t>(RB, q.r - i0));
-        rows_pass(rows, q, i0, w + g * gw, d + g * gs, l + g * gs, acc + i0, bnd + i0);
+        rows_pass(rows, q, i0, w + g * gw, d + g * gs, l + g * gs, acc + i0, bnd + i0, i0 == 0 ? pf : nullptr);
         for (int i = i0; i < i0 + rows; ++i)
           bnd[i] = _mm512_add_ps(_mm512_fmadd_ps(
               grow, bnd[i], _mm512_mul_ps(out, _mm512_fmadd_ps(slack, bnd[i], _mm512_abs_ps(acc[i])))), tiny);
@@ -219,13 +228,13 @@ struct Screen {
 };
 #endif
 
-// x [R, K] bf16, pack()'s tensors, V -> (approx [R, V], bound [R, V]) float32
-std::vector<at::Tensor> approx(at::Tensor x, std::vector<at::Tensor> packed, int64_t n) {
-  check(x, packed, n);
+// x [R, K] bf16, pack()'s tensors, V -> (approx [R, V], bound [R, V]) float32; prefetch: groups ahead (Screen)
+std::vector<at::Tensor> approx(at::Tensor x, std::vector<at::Tensor> packed, int64_t n, int64_t prefetch) {
+  check(x, packed, n, prefetch);
 #ifdef EYAS_LM_SCREEN
   x = x.contiguous();
   const int64_t r = x.size(0), groups = (n + LANES - 1) / LANES, stride = groups * LANES;
-  const Screen screen(x, packed);
+  const Screen screen(x, packed, prefetch);
   auto a = at::empty({r, stride}, x.options().dtype(at::kFloat)), e = at::empty_like(a);
   float *ad = a.data_ptr<float>(), *ed = e.data_ptr<float>();
   at::parallel_for(0, groups, 16, [&](int64_t g0, int64_t g1) {
@@ -247,12 +256,12 @@ std::vector<at::Tensor> approx(at::Tensor x, std::vector<at::Tensor> packed, int
 // not finite (the caller then computes every logit). Nothing [R, V] is written: each chunk of groups keeps, as it
 // goes, the ids whose interval reaches its running best lower bound (a superset: the bound only rises) with their
 // upper ends, and the merged list is filtered by the rows' final bounds.
-at::Tensor candidates(at::Tensor x, std::vector<at::Tensor> packed, int64_t n) {
-  check(x, packed, n);
+at::Tensor candidates(at::Tensor x, std::vector<at::Tensor> packed, int64_t n, int64_t prefetch) {
+  check(x, packed, n, prefetch);
 #ifdef EYAS_LM_SCREEN
   x = x.contiguous();
   const int64_t r = x.size(0), groups = (n + LANES - 1) / LANES;
-  const Screen screen(x, packed);
+  const Screen screen(x, packed, prefetch);
   struct Share {  // one chunk's: where it began, its ids, their upper ends [id][row], its rows' best lower bounds
     int64_t g0 = 0;
     std::vector<int64_t> ids;
@@ -322,8 +331,10 @@ bool available() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "Q8_0 blocks [V, K / 32 * 34] -> the screen's layout (weights + 128, scales, bound factors)");
-  m.def("approx", &approx, "(approx, bound) [R, V]: q8 activations x the packed weights, and the distance bound");
-  m.def("candidates", &candidates, "sorted vocabulary ids that can be some row's bf16 argmax (empty: not finite)");
+  m.def("approx", &approx, "(approx, bound) [R, V]: q8 activations x the packed weights, and the distance bound",
+        py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("prefetch") = 0);
+  m.def("candidates", &candidates, "sorted vocabulary ids that can be some row's bf16 argmax (empty: not finite)",
+        py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("prefetch") = 0);
   m.def("available", &available, "whether the screen was built (AVX512-VNNI at compile time)");
   m.def("max_rows", [] { return MAXR; }, "rows a call takes at most");
 }

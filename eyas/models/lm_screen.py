@@ -14,6 +14,10 @@ argmax_only``: greedy, no typical acceptance). On the Intel Xeon VM the projecti
 one row and 1.1 against 2.8 ms at four (docs/benchmarks.md). Whether it pays is timed once per machine and output
 projection at the first greedy forward (~0.5 s, then read from ``$EYAS_CACHE/lm_screen/``): it serves where it takes
 at most ``PAYS`` of the full projection's time. ``EYAS_LM_SCREEN=0`` turns it off, ``=1`` on without the timing.
+
+The integer pass streams ~35 MB of weights a forward; each line of the group ``EYAS_LM_SCREEN_PREFETCH`` groups ahead
+(default 2; 0 off) is prefetched non-temporally beside the line read. Zen 5 VM, one process, the same head both arms
+(``scripts/head_ab.py --later-env EYAS_LM_SCREEN_PREFETCH=0``): docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -45,12 +49,13 @@ class ArgmaxScreen:
         self.vocab = blocks.data.shape[0]
         self.packed = kernel.pack(blocks.data, blocks.k)
         self.max_rows = kernel.max_rows()
+        self.prefetch = prefetch_from_env()
 
     def logits(self, x: torch.Tensor) -> torch.Tensor | None:
         """x [R, K] bf16 -> [R, V] float32: the exact bf16 logit at every row's candidates, ``-inf`` elsewhere;
         None where an approximation is not finite (the caller computes every logit).
         """
-        parts = [_kernel().candidates(part, self.packed, self.vocab) for part in x.split(self.max_rows)]
+        parts = [_kernel().candidates(part, self.packed, self.vocab, self.prefetch) for part in x.split(self.max_rows)]
         if any(p.numel() == 0 for p in parts):
             return None
         cand = parts[0] if len(parts) == 1 else torch.cat(parts).unique()
@@ -58,6 +63,15 @@ class ArgmaxScreen:
         out = torch.full((x.shape[0], self.vocab), float("-inf"))
         out[:, cand] = sub.linear(x, None).float()
         return out
+
+
+def prefetch_from_env() -> int:
+    """``EYAS_LM_SCREEN_PREFETCH`` checked: weight groups the screen prefetches ahead, 0 (off) to 64; default 2."""
+    raw = os.environ.get("EYAS_LM_SCREEN_PREFETCH", "2")
+    if not raw.isdigit() or int(raw) > 64:
+        raise ValueError(f"EYAS_LM_SCREEN_PREFETCH={raw!r}: weight groups the output screen prefetches ahead, "
+                         "0 (off) to 64")
+    return int(raw)
 
 
 def screened_logits(proj: nn.Module, rows: torch.Tensor) -> torch.Tensor | None:

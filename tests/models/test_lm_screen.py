@@ -99,6 +99,31 @@ def test_candidates_are_every_entry_whose_interval_reaches_the_best_lower_bound(
     assert SCREEN.candidates(x2, packed, 1).tolist() == [0]
 
 
+@pytest.mark.parametrize("ahead", [1, 2, 64])
+def test_the_prefetch_changes_no_result(ahead):
+    """Prefetching groups ahead only asks for memory: the same approximations, bounds and candidates, for a vocabulary
+    of many groups split between the threads (each prefetches within its own range)."""
+    proj = projection(random_blocks("Q8_0", 4096, K, seed=5))
+    packed, vocab = SCREEN.pack(proj.__dict__["_eyas_blocks"].data, K), 4096
+    x = rows(5, seed=4)
+    for a, b in zip(SCREEN.approx(x, packed, vocab), SCREEN.approx(x, packed, vocab, ahead), strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(SCREEN.candidates(x, packed, vocab), SCREEN.candidates(x, packed, vocab, ahead))
+    with pytest.raises(RuntimeError, match="prefetch is 0"):
+        SCREEN.candidates(x, packed, vocab, 65)
+
+
+def test_the_prefetch_distance_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv("EYAS_LM_SCREEN_PREFETCH", raising=False)
+    assert lm_screen.prefetch_from_env() == 2
+    monkeypatch.setenv("EYAS_LM_SCREEN_PREFETCH", "0")
+    assert lm_screen.prefetch_from_env() == 0
+    for bad in ("-1", "65", "two"):
+        monkeypatch.setenv("EYAS_LM_SCREEN_PREFETCH", bad)
+        with pytest.raises(ValueError, match="EYAS_LM_SCREEN_PREFETCH"):
+            lm_screen.prefetch_from_env()
+
+
 def test_ties_resolve_to_the_first_index():
     raw = random_blocks("Q8_0", 600, K, seed=5).reshape(600, K // 32, 34)
     x = rows(4, seed=6, outliers=1.0)
