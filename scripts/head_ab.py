@@ -11,6 +11,8 @@ python scripts/head_ab.py --questions /tmp/tune.jsonl --limit 16 eyas/heads/smol
 # one head under two kernel settings: the first arm as the environment says, the second with --later-env set
 EYAS_HEAD_INT8=0 python scripts/head_ab.py --questions /tmp/tune.jsonl --limit 24 --dtype float32 \
     --later-env EYAS_HEAD_INT8=auto eyas/heads/smollm2-135m-instruct-eagle3 eyas/heads/smollm2-135m-instruct-eagle3
+# a setting of the target's kernels: plain decoding under each arm too, and each arm's ratio
+python scripts/head_ab.py --questions /tmp/tune.jsonl --limit 24 --later-env EYAS_LM_SCREEN_PREFETCH=0 --plain-each H H
 # one head, the first arm's native head call built from an earlier revision's kernels (from the repository root)
 python scripts/head_ab.py --questions /tmp/tune.jsonl --limit 24 --base-step HEAD~1 H H
 """
@@ -63,6 +65,8 @@ def main() -> None:
                     help="the tree of every head after the first (compare trees on one head); default: the first's")
     ap.add_argument("--later-env", action="append", default=[], metavar="NAME=VALUE",
                     help="set while loading every head after the first (compare kernel settings on one head)")
+    ap.add_argument("--plain-each", action="store_true",
+                    help="plain decoding on every arm's target too (a --later-env setting that changes the target)")
     ap.add_argument("--base-step", default=None, metavar="REV",
                     help="the first head's native call built from REV's kernels (compare a head_step.cpp change)")
     a = ap.parse_args()
@@ -86,13 +90,19 @@ def main() -> None:
         s.generate(qs[0], max_new_tokens=16)
     first.generate(qs[0], max_new_tokens=16, speculate=False)
     arms = [Arm(h) for h in a.heads]
-    plain = Arm("plain")
+    plains = [Arm(f"plain ({h})" if a.plain_each else "plain") for h in (a.heads if a.plain_each else a.heads[:1])]
     for i, q in enumerate(qs):
         for j in range(len(specs)):
             k = (i + j) % len(specs)
             arms[k].add(specs[k].generate(q, max_new_tokens=a.max_new_tokens))
-        plain.add(first.generate(q, max_new_tokens=a.max_new_tokens, speculate=False))
-    for arm in [*arms, plain]:
+            if a.plain_each:
+                plains[k].add(specs[k].generate(q, max_new_tokens=a.max_new_tokens, speculate=False))
+        if not a.plain_each:
+            plains[0].add(first.generate(q, max_new_tokens=a.max_new_tokens, speculate=False))
+    if a.plain_each:
+        for arm, plain in zip(arms, plains, strict=True):
+            print(f"{arm.name}: speculative / plain on its own target x{arm.tok_s / plain.tok_s:.3f}")
+    for arm in [*arms, *plains]:
         print(f"{arm.name:48s} decode {arm.tok_s:6.1f} tok/s  tau {arm.tau:.3f}  {arm.ms_a_step:6.2f} ms a step  "
               f"x{arm.tok_s / arms[0].tok_s:.3f} of the first head")
 
