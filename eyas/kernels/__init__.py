@@ -193,6 +193,16 @@ def build_flags(name: str) -> tuple[list[str], list[str]]:
     return [*_FLAGS, *_OWN_FLAGS.get(name, [])], list(_LDFLAGS)
 
 
+def prefetch_env(name: str, default: int, what: str) -> int:
+    """A kernel's software-prefetch distance from the environment variable ``name`` (``default`` where unset): weight
+    groups ahead, 0 (off) to 64; anything else is refused, saying ``what`` it sets.
+    """
+    raw = os.environ.get(name, str(default))
+    if not raw.isdigit() or int(raw) > 64:
+        raise ValueError(f"{name}={raw!r}: {what}, 0 (off) to 64")
+    return int(raw)
+
+
 def _wanted(name: str) -> bool:
     """Whether this machine builds ``name``: its switch is not 0 and the CPU can run it."""
     if os.environ.get(_KERNELS[name][1], "1") == "0":

@@ -179,10 +179,7 @@ def set_prefetch_from_env() -> int:
 
 def prefetch_from_env() -> int:
     """``EYAS_HEAD_I8_PREFETCH`` checked, or its default (``set_prefetch_from_env``); sets nothing."""
-    raw = os.environ.get("EYAS_HEAD_I8_PREFETCH", "0" if tiles_in_use() else "2")
-    if not raw.isdigit() or int(raw) > 64:
-        raise ValueError(f"EYAS_HEAD_I8_PREFETCH={raw!r}: weight groups to prefetch ahead, 0 (off) to 64")
-    return int(raw)
+    return kernels.prefetch_env("EYAS_HEAD_I8_PREFETCH", 0 if tiles_in_use() else 2, "weight groups to prefetch ahead")
 
 
 def int8_serves(w: torch.Tensor) -> bool:

@@ -67,11 +67,7 @@ class ArgmaxScreen:
 
 def prefetch_from_env() -> int:
     """``EYAS_LM_SCREEN_PREFETCH`` checked: weight groups the screen prefetches ahead, 0 (off) to 64; default 2."""
-    raw = os.environ.get("EYAS_LM_SCREEN_PREFETCH", "2")
-    if not raw.isdigit() or int(raw) > 64:
-        raise ValueError(f"EYAS_LM_SCREEN_PREFETCH={raw!r}: weight groups the output screen prefetches ahead, "
-                         "0 (off) to 64")
-    return int(raw)
+    return kernels.prefetch_env("EYAS_LM_SCREEN_PREFETCH", 2, "weight groups the output screen prefetches ahead")
 
 
 def screened_logits(proj: nn.Module, rows: torch.Tensor) -> torch.Tensor | None:
