@@ -90,15 +90,14 @@ def main() -> None:
         s.generate(qs[0], max_new_tokens=16)
     first.generate(qs[0], max_new_tokens=16, speculate=False)
     arms = [Arm(h) for h in a.heads]
-    plains = [Arm(f"plain ({h})" if a.plain_each else "plain") for h in (a.heads if a.plain_each else a.heads[:1])]
+    plain_specs = specs if a.plain_each else [first]  # plain decoding on each arm's target, or the first's
+    plains = [Arm(f"plain ({h})" if a.plain_each else "plain") for h in a.heads[: len(plain_specs)]]
     for i, q in enumerate(qs):
         for j in range(len(specs)):
             k = (i + j) % len(specs)
             arms[k].add(specs[k].generate(q, max_new_tokens=a.max_new_tokens))
-            if a.plain_each:
-                plains[k].add(specs[k].generate(q, max_new_tokens=a.max_new_tokens, speculate=False))
-        if not a.plain_each:
-            plains[0].add(first.generate(q, max_new_tokens=a.max_new_tokens, speculate=False))
+        for plain, s in zip(plains, plain_specs, strict=True):
+            plain.add(s.generate(q, max_new_tokens=a.max_new_tokens, speculate=False))
     if a.plain_each:
         for arm, plain in zip(arms, plains, strict=True):
             print(f"{arm.name}: speculative / plain on its own target x{arm.tok_s / plain.tok_s:.3f}")

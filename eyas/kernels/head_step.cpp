@@ -21,8 +21,8 @@
 //
 // Every step is the torch fast path's (Eagle3Head.fuse, Eagle3Head.fast_forward, Eagle3Drafter._logp) with the same
 // kernels and the same roundings to T between them, except silu and log-softmax (torch's vectorised exp against
-// eyas_vexp's, vexp.h, and the order of log-softmax's sum: the last float bits, rarely a bf16 one). Only the draft can change; verification keeps the output
-// lossless.
+// eyas_vexp's, vexp.h, and the order of log-softmax's sum: the last float bits, rarely a bf16 one). Only the draft
+// can change; verification keeps the output lossless.
 #include "gguf_bf16.h"
 #include "head_i8.h"
 #include "layer_ops.h"
