@@ -6,9 +6,11 @@
 //
 // exp: n = round(x log2 e), r = x - n ln 2 (ln 2 in two parts, Cody-Waite), e^r by Cephes' expf polynomial on
 // |r| <= ln 2 / 2, scaled by 2^n (VSCALEFPS; on AVX2 two exact multiplications by 2^(n/2), so results that underflow
-// to denormals or overflow to inf round once, as libm's do). Within ~1 ulp of libm's expf (tests/kernels check 2 ulp
-// over a sweep of the float range), not the same bits: it is used only where the draft is computed, which can
-// change only which tokens are drafted, never the verified output.
+// to denormals or overflow to inf round once, as libm's do). Within ~1 ulp of libm's expf (tests/drafters/
+// test_vexp.py checks 2 ulp over a sweep of the float range), not the same bits: it is used only where the draft is
+// computed, which can change only which tokens are drafted, never the verified output. path_attn.h's exp_neg16 is
+// the same polynomial for x <= 0 with its own clamp and scaling; it stays apart because its bits are the target's
+// exact-mode attention (plain decoding's outputs), which this file must not move.
 //
 // Numerics of the reductions: max is exact in any order; the sum of exps runs in the register's lanes, then the
 // lanes in a fixed order, so a row's result does not depend on anything but the row.
