@@ -16,7 +16,9 @@ an unsupported platform) or its switch turns it off; callers then keep the pure-
   the row argmax greedy verification reads (``argmax``);
 - ``head_step()`` (``head_step.cpp``, ``EYAS_HEAD_STEP``): an EAGLE-3 head's whole call (the fused taps'
   projection, embedding, every decoder layer, vocabulary head, log-softmax, top-k) as one native call over the
-  kernels above (their bodies are the ``.h`` files the modules bind).
+  kernels above (their bodies are the ``.h`` files the modules bind);
+- ``decode_step()`` (``decode_step.cpp``, ``EYAS_DECODE_STEP``): a bf16 target's exact decode / verify forward through
+  every decoder layer as one native call over the same kernels (eyas.models.decode_plan).
 
 Hot paths hold a ``Lazy`` of their getter (resolved once per process). The build (10-15 s a kernel on 2 cores; the
 sources include ``torch_ext.h``, not ``torch/extension.h``, which made it ~25 s)
@@ -47,7 +49,8 @@ _FLAGS = ["-O3", "-march=native", "-fopenmp"] if sys.platform.startswith("linux"
 _LDFLAGS = ["-fopenmp"] if sys.platform.startswith("linux") else []
 # a kernel's flags beyond _FLAGS: -ffp-contract=off where its results must round like their torch or numpy reference
 # (multiply, then add)
-_OWN_FLAGS = {name: ["-ffp-contract=off"] for name in ("gguf_bf16", "gguf_f32", "head_i8", "layer_ops", "head_step")}
+_OWN_FLAGS = {name: ["-ffp-contract=off"] for name in ("gguf_bf16", "gguf_f32", "head_i8", "layer_ops", "head_step",
+                                                         "decode_step")}
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}
 # name (eyas/kernels/<name>.cpp) -> (what the one-time note calls it, the environment switch that turns it off)
@@ -61,11 +64,13 @@ _KERNELS = {
     "lm_screen": ("the greedy output-projection screen", "EYAS_LM_SCREEN"),
     "layer_ops": ("the decode-layer kernel", "EYAS_LAYER_OPS"),
     "head_step": ("the draft head's one-call step", "EYAS_HEAD_STEP"),
+    "decode_step": ("the target's one-call decode forward", "EYAS_DECODE_STEP"),
 }
 # the CPU flag a kernel needs (not built where it could not serve): the screen AVX512-VNNI, the head's int8 AVX2
 _NEEDS = {"head_i8": "avx2", "lm_screen": "avx512_vnni", "head_step": "avx2"}
 # what a CPU target of each dtype uses (prebuild's default); anything else builds on first use
-USED_BY = {torch.bfloat16: ("gguf_bf16", "path_attn", "lm_screen", "head_i8", "rms_norm", "layer_ops", "head_step"),
+USED_BY = {torch.bfloat16: ("gguf_bf16", "path_attn", "lm_screen", "head_i8", "rms_norm", "layer_ops", "head_step",
+                           "decode_step"),
            torch.float32: ("gguf_f32", "skinny_gemm", "path_attn", "head_i8", "rms_norm", "layer_ops", "head_step")}
 
 
@@ -182,6 +187,15 @@ def head_step():
     return _get("head_step") if _wanted("head_step") else None
 
 
+def decode_step():
+    """The compiled decode forward (``DecodeStep(layers, eps, heads, kv_heads, head_dim)``, then ``.run(...)``:
+    eyas.models.decode_plan; ``available()``: False where the build lacks AVX512-BF16; ``set_tuning`` as
+    ``gguf_bf16``'s, for this module's own copy of the block kernel), or None where it is off (``EYAS_DECODE_STEP=0``)
+    or cannot be built. Built with ``-ffp-contract=off``, as the kernels it calls.
+    """
+    return _get("decode_step") if _wanted("decode_step") else None
+
+
 # the one process-wide handle on layer_ops (exact decode forwards, the draft head's layer, the greedy argmax)
 LAYER_OPS = Lazy(layer_ops)
 
@@ -201,6 +215,11 @@ def prefetch_env(name: str, default: int, what: str) -> int:
     if not raw.isdigit() or int(raw) > 64:
         raise ValueError(f"{name}={raw!r}: {what}, 0 (off) to 64")
     return int(raw)
+
+
+def loaded(name: str):
+    """``name``'s module where this process has already loaded it, else None (builds nothing)."""
+    return _loaded.get(name) or None
 
 
 def _wanted(name: str) -> bool:

@@ -12,6 +12,11 @@ kernel, for the forwards ``eyas.models.exact.linear`` sends to it (decode and ve
 ``F32_ROWS`` rows; any forward where its AVX-512 build takes any number of rows). ``EYAS_DECODE_PLAN=0`` turns it
 off.
 
+For a bf16 model the loop itself is one native call where ``eyas/kernels/decode_step.cpp`` builds (``NativeStep``):
+the same kernels and the same ATen ops in the same order, so the same bits again, without the ~150 small torch ops a
+forward that cost ~5 us each from Python (a token's layers 6.76 -> ~5.5 ms on the Zen 4 VM). ``EYAS_DECODE_STEP=0``
+keeps the Python loop.
+
     plan = DecodePlan.build(model)               # None where some piece is not a compiled kernel
     if plan is not None and plan.serves(tokens, attn, exact_prefill):
         x, taps = plan.run(x, rope, cache, attn.paths[0], meta.taps)
@@ -76,6 +81,7 @@ class DecodePlan:
     norm: object
     ops: object
     dtype: torch.dtype  # the model's: bf16 (the bf16 block kernel) or float32 (the float32 one)
+    native: NativeStep | None = None  # the layers' loop as one native call (bf16), or None: the Python loop
 
     @classmethod
     def build(cls, model: nn.Module) -> DecodePlan | None:
@@ -97,7 +103,9 @@ class DecodePlan:
                 return None
             layers.append(LayerPlan(n1.weight, n2.weight, n1.eps, *projs))
         c = model.config
-        return cls(tuple(layers), c.num_heads, c.num_kv_heads, c.head_dim, kernel, norm, ops, model.dtype)
+        layers = tuple(layers)
+        native = NativeStep.build(layers, c.num_heads, c.num_kv_heads, c.head_dim, model.dtype)
+        return cls(layers, c.num_heads, c.num_kv_heads, c.head_dim, kernel, norm, ops, model.dtype, native)
 
     def serves(self, tokens: torch.Tensor, attn: AttnMeta, exact_prefill: bool) -> bool:
         """Whether a forward of ``tokens`` [B, T] under ``attn`` runs as the modules would run it on these kernels:
@@ -119,9 +127,11 @@ class DecodePlan:
         input} for ``taps``), writing every layer's keys and values into ``cache`` at ``pa``'s slots.
         """
         n, h, hk, dh = x.shape[1], self.heads, self.kv_heads, self.head_dim
-        lin, norm, rope_cache = self.blocks.linear, self.norm.rms_norm, self.ops.rope_cache
         cos, sin = rope.rows
         scale = dh**-0.5
+        if self.native is not None:
+            return self.native.run(x, cos, sin, cache, pa, taps, scale)
+        lin, norm, rope_cache = self.blocks.linear, self.norm.rms_norm, self.ops.rope_cache
         x = x[0]
         tapped = {}
         for (kc, vc), (i, p) in zip(layer_caches(cache), enumerate(self.layers), strict=True):
@@ -135,6 +145,39 @@ class DecodePlan:
             half = gu.shape[1] // 2
             x = x + lin(F.silu(gu[:, :half]) * gu[:, half:], p.down.data, p.down.code, p.down.bias)
         return x[None], tapped
+
+
+@dataclass(frozen=True)
+class NativeStep:
+    """``DecodePlan.run``'s loop for a bf16 model as one call of ``eyas/kernels/decode_step.cpp`` (the same bits)."""
+
+    step: object  # the compiled DecodeStep, holding every layer's weights
+    layers: int
+
+    @classmethod
+    def build(cls, layers: tuple[LayerPlan, ...], heads: int, kv_heads: int, head_dim: int,
+              dtype: torch.dtype) -> NativeStep | None:
+        """The native loop over ``layers``, or None where it does not serve: not bf16, the kernel is off
+        (``EYAS_DECODE_STEP=0``) or unbuilt. Its copy of the block kernel takes this process's tuning.
+        """
+        if dtype != torch.bfloat16 or not layers:
+            return None
+        mod = kernels.decode_step()
+        if mod is None or not mod.available():
+            return None
+        gguf_tuning.set_on(mod, gguf_tuning.active())
+        args = [(p.norm1, p.norm2, *((q.data, q.code, q.bias) for q in (p.qkv, p.o, p.gate_up, p.down)))
+                for p in layers]
+        return cls(mod.DecodeStep(args, layers[0].eps, heads, kv_heads, head_dim), len(layers))
+
+    def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, pa: PathAttention, taps,
+            scale: float) -> tuple[torch.Tensor, dict]:
+        """As ``DecodePlan.run``: x [1, N, D] -> ([1, N, D], {layer: [1, N, D] its input} for ``taps``)."""
+        views = layer_caches(cache)
+        order = sorted(i for i in set(taps) if 0 <= i < self.layers)  # the layers the Python loop taps
+        out, tapped = self.step.run(x[0], cos, sin, [k for k, _ in views], [v for _, v in views], pa.start,
+                                    pa.slots, pa.lengths, scale, order)
+        return out[None], {i: t[None] for i, t in zip(order, tapped, strict=True)}
 
 
 def layer_caches(cache: KVCache) -> list[tuple[torch.Tensor, torch.Tensor]]:

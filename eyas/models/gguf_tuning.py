@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from eyas import kernels
 from eyas.models.gguf_blocks import GGUFBlocks, attached_blocks, block_kernel
 from eyas.models.machine_cache import best_alternating, cached_json, machine_key
 from eyas.notes import one_time_note
@@ -185,6 +186,9 @@ def apply(kernel, tuning: KernelTuning) -> KernelTuning:
                          "fma_rows_exact() self-test), so several rows cannot run in FMAs here; set EYAS_GGUF_TUNING's "
                          "third value to 0 or leave it out")
     set_on(kernel, tuning)
+    native = kernels.loaded("decode_step")  # the target's one-call forward holds its own copy of the block kernel
+    if native is not None and kernel is block_kernel():
+        set_on(native, tuning)
     _active, _applied = tuning, True
     return tuning
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
+from eyas import kernels
 from eyas.kv.static import KVCache
 from eyas.models import gguf_tuning
 from eyas.models.attention import AttnMeta
 from eyas.models.base import PathAttention
-from eyas.models.decode_plan import DecodePlan, layer_caches
+from eyas.models.decode_plan import DecodePlan, NativeStep, layer_caches
 from eyas.models.gguf_blocks import F32_ROWS, block_kernel, block_kernel_for
 
 needs_blocks = pytest.mark.skipif(block_kernel() is None, reason="needs AVX512-BF16 (the bf16 block kernel of a plan)")
@@ -143,3 +146,84 @@ def test_layer_caches_are_each_layers_first_sequence_and_follow_a_replaced_tenso
     cache.k = torch.ones_like(cache.k)  # a cache whose tensors are replaced gets views of the new ones
     fresh = layer_caches(cache)
     assert fresh is not views and torch.equal(fresh[2][0], cache.k[2, 0])
+
+
+# ---- the bf16 loop as one native call (eyas/kernels/decode_step.cpp) ----------------------------------------------
+
+@pytest.mark.parametrize("speculate", [False, True])
+def test_the_native_loop_gives_every_forward_the_python_loops_bits(embedded_bf16, monkeypatch, speculate):
+    """bf16 exact mode, plain decoding and tree verification: the native call's logits, hidden states and EAGLE-3 taps
+    equal the Python loop's in every forward, and it serves every forward the plan serves."""
+    from eyas.api import Speculator
+    from eyas.drafters.loading import DrafterSpec
+
+    loaded, _ = embedded_bf16
+    plan = loaded.model.decode_plan()
+    if plan is None or plan.native is None:
+        pytest.skip("needs the bf16 block kernel and the decode_step kernel")
+    spec = Speculator(loaded, DrafterSpec("default", tree="dynamic:4,3,8"))
+    calls, real = [], NativeStep.run
+    with monkeypatch.context() as m:
+        m.setattr(NativeStep, "run", lambda self, *a: calls.append(a[0].shape[1]) or real(self, *a))
+        ids_native, fw_native, served = generate_recorded(monkeypatch, spec, plan, speculate)
+    ids_py, fw_py, _ = generate_recorded(monkeypatch, spec, replace(plan, native=None), speculate)
+    assert len(calls) == served and served >= len(fw_native) - 1
+    assert ids_native == ids_py and len(fw_native) == len(fw_py) > 5
+    if speculate:
+        assert max(calls) > 1, "no tree was verified through the native call"
+    for (t1, l1, h1, taps1), (t2, l2, h2, taps2) in zip(fw_native, fw_py, strict=True):
+        assert torch.equal(t1, t2) and same_bits(l1, l2) and same_bits(h1, h2)
+        assert taps1.keys() == taps2.keys() and all(same_bits(taps1[i], taps2[i]) for i in taps1)
+
+
+@needs_blocks
+def test_the_native_loop_is_bf16_only_and_has_a_switch(embedded_bf16, monkeypatch):
+    loaded, _ = embedded_bf16
+    plan = DecodePlan.build(loaded.model)
+    assert plan is not None
+    if plan.native is None:
+        pytest.skip("the decode_step kernel is not built here")
+    assert NativeStep.build(plan.layers, plan.heads, plan.kv_heads, plan.head_dim, torch.float32) is None
+    monkeypatch.setenv("EYAS_DECODE_STEP", "0")
+    monkeypatch.setattr(kernels, "_loaded", {k: v for k, v in kernels._loaded.items() if k != "decode_step"})
+    off = DecodePlan.build(loaded.model)
+    assert off is not None and off.native is None  # the Python loop, the same plan otherwise
+
+
+@needs_blocks
+def test_the_native_loops_block_kernel_takes_the_processs_tuning(embedded_bf16, monkeypatch):
+    """The native call links its own copy of the block kernel: the tuning set on the block kernel reaches it too,
+    whether the plan was built before the tuning or after."""
+    loaded, _ = embedded_bf16
+    plan = DecodePlan.build(loaded.model)
+    if plan is None or plan.native is None:
+        pytest.skip("the decode_step kernel is not built here")
+    native, seen = kernels.loaded("decode_step"), []
+    monkeypatch.setattr(native, "set_tuning", lambda *a: seen.append(a))
+    before = gguf_tuning.active()
+    other = gguf_tuning.KernelTuning(prefetch=not before.prefetch, pair_as_triple=before.pair_as_triple)
+    try:
+        gguf_tuning.apply(block_kernel(), other)
+        assert seen and seen[-1][0] == other.prefetch
+        seen.clear()
+        DecodePlan.build(loaded.model)
+        assert seen and seen[-1][0] == other.prefetch
+    finally:
+        gguf_tuning.apply(block_kernel(), before)
+
+
+@needs_blocks
+def test_the_native_loop_refuses_bad_input_with_the_reason(embedded_bf16):
+    loaded, _ = embedded_bf16
+    plan = DecodePlan.build(loaded.model)
+    if plan is None or plan.native is None:
+        pytest.skip("the decode_step kernel is not built here")
+    step = plan.native.step
+    x = torch.zeros(1, 576, dtype=torch.bfloat16)
+    empty = torch.empty(0, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="one key and one value cache a layer"):
+        step.run(x, x, x, [], [], 0, empty, empty, 0.125, [])
+    with pytest.raises(RuntimeError, match=r"x \[N, D\] bfloat16"):
+        step.run(x.float(), x, x, [x] * 30, [x] * 30, 0, empty, empty, 0.125, [])
+    with pytest.raises(RuntimeError, match="norm weights"):
+        type(step)([(x[0].float(), x[0], *[(torch.zeros(1, 18, dtype=torch.uint8), 8, empty)] * 4)], 1e-5, 9, 3, 64)
