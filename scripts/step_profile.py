@@ -5,7 +5,9 @@ over the same questions in one process, and prints ms per step of each, tau, the
 (prefill excluded). ``--tree`` fixes the tree; without it eyas sizes one at load (eyas.autotree). ``--parts`` also
 times the default drafter's pieces (the head's extension over accepted tokens and its tree levels, its calls,
 layer, fused taps, embedding and vocabulary head, the tree's bookkeeping, the lookup merge) and the verify forward by
-tree size, with its block-kernel projections and path attention.
+tree size, with its block-kernel projections and path attention (those two only with ``EYAS_DECODE_STEP=0``: a bf16
+target's layers otherwise run as one native call, eyas/kernels/decode_step.cpp, whose kernel calls no Python wrapper
+sees).
 Nested pieces are inside their callers' times; calls during prefill are left out; the timers cost a few
 microseconds a call.
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from collections import defaultdict
@@ -129,6 +132,9 @@ def main() -> None:
             pieces = ", ".join(f"{n}: {p:.2f} / {t:.2f} / {o:.2f}" for n, (p, t, o) in sorted(med.items()))
             print(f"  of it, the target's block-kernel projections / path attention / output screen, median ms: "
                   f"{pieces}")
+            if os.environ.get("EYAS_DECODE_STEP", "1") != "0":
+                print("  (a bf16 target's projections and attention run inside one native call, not timed apart: "
+                      "EYAS_DECODE_STEP=0 times them)")
         if a.parts and speculate:
             for k, v in parts.items():
                 print(f"  {k:44s} {1e3 * sum(v) / steps:6.2f} ms a step, {len(v) / steps:4.2f} calls")
