@@ -10,13 +10,14 @@
 //   qkv  = linear(h, Wqkv)  [N, H + 2 Hk, Dh]           gguf_bf16.h (GGUF blocks, this module's own tuning)
 //   q    = rope_cache(qkv) (k, v into the layer's cache) layer_ops.h
 //   y    = path_attention(q, cache, slots, lengths)     path_attn.h
-//   x    = x + linear(bf16(y), Wo)                      at::add, at::Tensor::to
+//   x    = x + linear(bf16(y), Wo)                      the rounding and the add: here
 //   gu   = linear(rms_norm(x, norm2), Wgu)              gate | up
-//   x    = x + linear(silu(gate) * up, Wdown)           at::silu, at::mul, at::add
+//   x    = x + linear(silu(gate) * up, Wdown)           at::silu (torch's exp), the product and the add: here
 //
-// The kernels are the headers the Python modules bind, and every torch op is the ATen op Python's operator calls
-// (torch's own CPU kernels), so the output, the taps and the cache hold the bits DecodePlan.run gives
-// (tests/models/test_decode_step.py), and plain decoding and verification keep taking either path.
+// The kernels are the headers the Python modules bind; silu is torch's own op; the elementwise steps torch does in
+// bf16 (a + b, a * b: each element in float32, rounded to nearest even; float32 -> bf16: rounded to nearest even)
+// are 16-lane loops with the same rounding, so the output, the taps and the cache hold the bits DecodePlan.run gives
+// (tests/models/test_decode_plan.py), and plain decoding and verification keep taking either path.
 #include "gguf_bf16.h"
 #include "layer_ops.h"
 #include "path_attn.h"
@@ -31,6 +32,76 @@
 #include <vector>
 
 namespace {
+
+#if defined(__AVX512F__)
+inline __m512 load_bf16x16(const uint16_t* p, __mmask16 live) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, p)), 16));
+}
+
+// float32 -> bf16, rounded to nearest even (NaN -> 0x7FC0), as c10::BFloat16(float)
+inline void store_bf16x16(uint16_t* p, __m512 v, __mmask16 live) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+  r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, _mm512_set1_epi32(0x7FC0));
+  _mm256_mask_storeu_epi16(p, live, _mm512_cvtepi32_epi16(r));
+}
+
+inline __mmask16 lanes(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
+
+const uint16_t* bits(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<c10::BFloat16>()); }
+#endif
+
+// a + b (bf16 [N, D], contiguous): torch's bf16 add (each element in float32, rounded to nearest even)
+at::Tensor add_bf16(const at::Tensor& a, const at::Tensor& b) {
+#if defined(__AVX512F__)
+  auto out = at::empty_like(a);
+  const uint16_t *pa = bits(a), *pb = bits(b);
+  uint16_t* po = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
+  for (int64_t i = 0, n = a.numel(); i < n; i += 16) {
+    const __mmask16 live = lanes(n - i);
+    store_bf16x16(po + i, _mm512_add_ps(load_bf16x16(pa + i, live), load_bf16x16(pb + i, live)), live);
+  }
+  return out;
+#else
+  return at::add(a, b);
+#endif
+}
+
+// s * gu[:, half:] (s bf16 [N, I] contiguous, gu bf16 [N, 2I]): torch's bf16 product, as a + b above
+at::Tensor mul_up_bf16(const at::Tensor& s, const at::Tensor& gu) {
+#if defined(__AVX512F__)
+  const int64_t n = s.size(0), half = s.size(1);
+  auto out = at::empty_like(s);
+  const uint16_t *ps = bits(s), *pg = bits(gu);
+  uint16_t* po = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < half; j += 16) {
+      const __mmask16 live = lanes(half - j);
+      const __m512 v = _mm512_mul_ps(load_bf16x16(ps + r * half + j, live), load_bf16x16(pg + r * 2 * half + half + j, live));
+      store_bf16x16(po + r * half + j, v, live);
+    }
+  return out;
+#else
+  return at::mul(s, gu.slice(1, s.size(1)));
+#endif
+}
+
+// y (float32, contiguous) -> bf16 of the same shape, rounded to nearest even: torch's .to(torch.bfloat16)
+at::Tensor to_bf16(const at::Tensor& y) {
+#if defined(__AVX512F__)
+  auto out = at::empty(y.sizes(), y.options().dtype(at::kBFloat16));
+  const float* py = y.data_ptr<float>();
+  uint16_t* po = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
+  for (int64_t i = 0, n = y.numel(); i < n; i += 16) {
+    const __mmask16 live = lanes(n - i);
+    store_bf16x16(po + i, _mm512_maskz_loadu_ps(live, py + i), live);
+  }
+  return out;
+#else
+  return y.to(at::kBFloat16);
+#endif
+}
 
 // one projection as the block kernel's linear takes it: blocks, type code, bias (empty for none)
 struct Proj {
@@ -87,6 +158,7 @@ class DecodeStep {
                 "decode_step: one key and one value cache a layer (", nl, " layers)");
     TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.size(1) == layers_[0].norm1.numel(),
                 "decode_step: x [N, D] bfloat16");
+    x = x.contiguous();
     const int64_t n = x.size(0);
     std::vector<at::Tensor> tapped;
     size_t next_tap = 0;
@@ -99,10 +171,10 @@ class DecodeStep {
       at::Tensor qkv = linear(eyas_rms_norm::rms_norm(x, p.norm1, eps_), p.qkv).view({n, h_ + 2 * hk_, dh_});
       at::Tensor q = eyas_layer_ops::rope_cache(qkv, cos, sin, k_caches[i], v_caches[i], start, h_);
       at::Tensor y = eyas_path_attn::path_attention(q, k_caches[i], v_caches[i], start, slots, lengths, scale);
-      x = at::add(x, linear(y.to(x.scalar_type()).view({n, h_ * dh_}), p.o));
+      x = add_bf16(x, linear(to_bf16(y).view({n, h_ * dh_}), p.o));
       at::Tensor gu = linear(eyas_rms_norm::rms_norm(x, p.norm2, eps_), p.gate_up);
       const int64_t half = gu.size(1) / 2;
-      x = at::add(x, linear(at::mul(at::silu(gu.slice(1, 0, half)), gu.slice(1, half)), p.down));
+      x = add_bf16(x, linear(mul_up_bf16(at::silu(gu.slice(1, 0, half)).contiguous(), gu), p.down));
     }
     TORCH_CHECK(next_tap == taps.size(), "decode_step: taps must be layer indices in increasing order, below ", nl);
     return {x, tapped};
