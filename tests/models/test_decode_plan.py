@@ -24,6 +24,14 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
+def assert_same_forwards(a: list[tuple], b: list[tuple]) -> None:
+    """Two generations' forwards (``generate_recorded``'s): the same tokens, and logits, hidden states and taps to the
+    bit."""
+    for (t1, l1, h1, taps1), (t2, l2, h2, taps2) in zip(a, b, strict=True):
+        assert torch.equal(t1, t2) and same_bits(l1, l2) and same_bits(h1, h2)
+        assert taps1.keys() == taps2.keys() and all(same_bits(taps1[i], taps2[i]) for i in taps1)
+
+
 def generate_recorded(monkeypatch, spec, plan, speculate: bool) -> tuple[list[int], list[tuple], int]:
     """(token ids, every forward's (tokens, logits, hidden, taps) copied, plan runs) of one generation with the
     target's plan set to ``plan`` (None: through the modules)."""
@@ -74,9 +82,7 @@ def test_the_plan_gives_every_forward_the_modules_bits(embedded_exact, monkeypat
     assert ids_plan == ids_mod and len(fw_plan) == len(fw_mod) > 5
     if speculate:
         assert any(t.shape[1] > 1 for t, *_ in fw_plan[1:]), "no tree was verified"
-    for (t1, l1, h1, taps1), (t2, l2, h2, taps2) in zip(fw_plan, fw_mod, strict=True):
-        assert torch.equal(t1, t2) and same_bits(l1, l2) and same_bits(h1, h2)
-        assert taps1.keys() == taps2.keys() and all(same_bits(taps1[i], taps2[i]) for i in taps1)
+    assert_same_forwards(fw_plan, fw_mod)
 
 
 @needs_blocks
@@ -171,9 +177,7 @@ def test_the_native_loop_gives_every_forward_the_python_loops_bits(embedded_bf16
     assert ids_native == ids_py and len(fw_native) == len(fw_py) > 5
     if speculate:
         assert max(calls) > 1, "no tree was verified through the native call"
-    for (t1, l1, h1, taps1), (t2, l2, h2, taps2) in zip(fw_native, fw_py, strict=True):
-        assert torch.equal(t1, t2) and same_bits(l1, l2) and same_bits(h1, h2)
-        assert taps1.keys() == taps2.keys() and all(same_bits(taps1[i], taps2[i]) for i in taps1)
+    assert_same_forwards(fw_native, fw_py)
 
 
 @needs_blocks
