@@ -100,8 +100,11 @@ def random_blocks(qtype: str, n: int, k: int, seed: int = 0):
 def spy_target_block_rows(monkeypatch, model) -> list[int]:
     """A list that fills with the row count of every GGUF-block projection ``model`` runs from now on (the target's
     own blocks only: a draft head's Q8_0 blocks are not counted), through its modules or its decode plan alike: the
-    block kernels' ``linear`` is watched for the target's blocks, as the GGUF file has them or packed."""
+    block kernels' ``linear`` is watched for the target's blocks, as the GGUF file has them or packed, and a bf16
+    plan's native call (eyas/kernels/decode_step.cpp, which runs every layer's four projections on its own copy of
+    the kernel) counts its rows once for each of them."""
     from eyas import kernels
+    from eyas.models.decode_plan import NativeStep
 
     blocks = [m.__dict__["_eyas_blocks"] for m in model.modules() if "_eyas_blocks" in m.__dict__]
     target = {id(b.data) for b in blocks} | {id(b.operands(model.dtype)[0]) for b in blocks}
@@ -114,6 +117,12 @@ def spy_target_block_rows(monkeypatch, model) -> list[int]:
             return real(x, data, *rest)
 
         monkeypatch.setattr(kernel, "linear", spy)
+
+    def native_spy(self, x, *rest, real=NativeStep.run):
+        rows.extend([x.shape[1]] * (4 * self.layers))
+        return real(self, x, *rest)
+
+    monkeypatch.setattr(NativeStep, "run", native_spy)
     return rows
 
 
