@@ -78,8 +78,8 @@ at::Tensor mul_up_bf16(const at::Tensor& s, const at::Tensor& gu) {
   for (int64_t r = 0; r < n; ++r)
     for (int64_t j = 0; j < half; j += 16) {
       const __mmask16 live = lanes(half - j);
-      const __m512 v = _mm512_mul_ps(load_bf16x16(ps + r * half + j, live), load_bf16x16(pg + r * 2 * half + half + j, live));
-      store_bf16x16(po + r * half + j, v, live);
+      const __m512 gate = load_bf16x16(ps + r * half + j, live), up = load_bf16x16(pg + r * 2 * half + half + j, live);
+      store_bf16x16(po + r * half + j, _mm512_mul_ps(gate, up), live);
     }
   return out;
 #else

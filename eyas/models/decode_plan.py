@@ -126,11 +126,11 @@ class DecodePlan:
         """x: [1, N, D] embeddings (the model's dtype) -> ([1, N, D] the last layer's output, {layer: [1, N, D] its
         input} for ``taps``), writing every layer's keys and values into ``cache`` at ``pa``'s slots.
         """
-        n, h, hk, dh = x.shape[1], self.heads, self.kv_heads, self.head_dim
         cos, sin = rope.rows
-        scale = dh**-0.5
+        scale = self.head_dim**-0.5
         if self.native is not None:
             return self.native.run(x, cos, sin, cache, pa, taps, scale)
+        n, h, hk, dh = x.shape[1], self.heads, self.kv_heads, self.head_dim
         lin, norm, rope_cache = self.blocks.linear, self.norm.rms_norm, self.ops.rope_cache
         x = x[0]
         tapped = {}
