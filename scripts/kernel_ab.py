@@ -10,7 +10,8 @@ python scripts/kernel_ab.py --base HEAD~1 --steps                        # whole
 ``--steps``: the target's exact-mode decoding steps verifying a fixed w-node tree (``eyas.autotree``'s timing
 drafter, 160 prompt tokens), median of 12 steps, w = 1 (plain decoding's step) and each ``--rows`` width, the
 process's block kernel swapped between the two builds round by round: what a verify forward costs end to end
-(attention, norms, Python included), without the noise of comparing two processes.
+(attention, norms, Python included), without the noise of comparing two processes. The steps run the decode
+plan's Python loop (``EYAS_DECODE_STEP=0``): the native decode call holds its own copy of the working tree's kernel.
 
 ``--tuning`` / ``--base-tuning``: PREFETCH,PAIR[,FMA[,PREFETCH_ONE[,FUSED]]] as ``EYAS_GGUF_TUNING`` (default: what eyas
 picks for this machine, for both). The earlier source is built with eyas's own flags into a temporary directory.
@@ -19,6 +20,7 @@ picks for this machine, for both). The earlier source is built with eyas's own f
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import tempfile
@@ -63,6 +65,8 @@ def main() -> None:
     ap.add_argument("--steps", action="store_true", help="time exact-mode decoding steps by tree width instead")
     a = ap.parse_args()
     rows = [int(r) for r in a.rows.split(",")]
+    if a.steps:  # the steps' projections through the swapped module, not the native decode call's own copy
+        os.environ["EYAS_DECODE_STEP"] = "0"
     spec = eyas.load(dtype="bfloat16", drafter="none")  # applies this machine's tuning to the working tree's build
     new = kernels.gguf_bf16()
     blocks = [b for m in spec.target.model.modules() if (b := attached_blocks(m)) is not None]
