@@ -219,7 +219,10 @@ class BatchDecoder:
             draft = rd.draft
             n = draft.tree.num_nodes
             out_b = ForwardOutput(
-                out.logits[b : b + 1, :n], out.hidden[b : b + 1, :n], {k: v[b : b + 1, :n] for k, v in out.taps.items()}
+                out.logits[b : b + 1, :n],
+                out.hidden[b : b + 1, :n],
+                {k: v[b : b + 1, :n] for k, v in out.taps.items()},
+                None if out.greedy is None else out.greedy[b : b + 1, :n],
             )
             dec = row.dec
             ver = dec.accept(row.seq, draft, out_b)

@@ -88,7 +88,8 @@ class SeqState:
     finished: bool = False
 
 
-Verifier = Callable[[DraftOutput, torch.Tensor, torch.Generator | None], VerifyOutput]
+# (draft, the target's logits [N, V], the generator, the logits' argmax [N] where the forward found it, else None)
+Verifier = Callable[[DraftOutput, torch.Tensor, torch.Generator | None, torch.Tensor | None], VerifyOutput]
 # (start, prompt length) -> the end of the prefill chunk that starts there (SpecDecoder.prefill_steps)
 ChunkEnd = Callable[[int, int], int]
 
@@ -97,10 +98,10 @@ def make_verifier(cfg: DecodeConfig) -> Verifier:
     """Pick the verification rule once, so step() has no mode branches."""
     sp = cfg.sampling
     if cfg.typical is not None:
-        return lambda d, logits, g: verify_typical(d.tree, logits, sp.temperature, cfg.typical)
+        return lambda d, logits, g, top: verify_typical(d.tree, logits, sp.temperature, cfg.typical)
     if sp.greedy:
-        return lambda d, logits, g: verify_greedy(d.tree, logits, kernels.argmax(logits))
-    return lambda d, logits, g: verify_sampling(d, logits_to_probs(logits, sp), g)
+        return lambda d, logits, g, top: verify_greedy(d.tree, logits, kernels.argmax(logits) if top is None else top)
+    return lambda d, logits, g, top: verify_sampling(d, logits_to_probs(logits, sp), g)
 
 
 class SpecDecoder:
@@ -149,7 +150,7 @@ class SpecDecoder:
 
     def accept(self, seq: SeqState, draft: DraftOutput, out: ForwardOutput) -> VerifyOutput:
         """Verify the draft against the target's logits ([1, N, V] in ``out``) and commit what it keeps."""
-        ver = self.verifier(draft, out.logits[0], self.generator)
+        ver = self.verifier(draft, out.logits[0], self.generator, None if out.greedy is None else out.greedy[0])
         self.commit(seq, draft.tree, ver, out)
         self.stats.record(draft.tree.num_nodes - 1, ver.num_accepted)
         return ver
@@ -254,7 +255,7 @@ class SpecDecoder:
                     keep.add(feats.hidden, feats.taps)
                 if e < t:  # the drafter follows chunk by chunk (no long stall at the end)
                     self.drafter.extend(prompt[s + 1 : e + 1], feats)
-        first = self._sample_first(out.logits[0, -1])
+        first = self._sample_first(out.logits[0, -1], None if out.greedy is None else out.greedy[0, -1:])
         if self.drafter is not None:
             self.drafter.extend(torch.cat([prompt[s + 1 :], first]), feats)
         if keep is not None:
@@ -311,11 +312,13 @@ class SpecDecoder:
         )
         return self.target.run(tokens[None], positions[None], cache, meta)
 
-    def _sample_first(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits [V] -> [1] long, the first generated token."""
+    def _sample_first(self, logits: torch.Tensor, greedy: torch.Tensor | None = None) -> torch.Tensor:
+        """logits [V] -> [1] long, the first generated token (greedy: [1] long, its argmax where the forward found
+        it).
+        """
         sp = self.cfg.sampling
         if sp.greedy:
-            return logits.argmax(-1, keepdim=True)
+            return logits.argmax(-1, keepdim=True) if greedy is None else greedy
         return sample(logits_to_probs(logits, sp), self.generator).reshape(1)
 
     def emit(self, seq: SeqState, tokens: torch.Tensor, num_accepted: int) -> StepEvent:

@@ -41,7 +41,7 @@ def main() -> None:
     from eyas.models import native
 
     spec = eyas.load(dtype=a.dtype)
-    real = native.screened_logits
+    real = native.screened
     settings = {"screened": real, "full": lambda proj, x: None}
     arms = {(s, m): Arm(f"{m} {s}") for s in settings for m in ("plain", "spec")}
     prompts = [json.loads(line)["turns"][0] for line in Path(a.questions).read_text().splitlines()[: a.limit]]
@@ -49,11 +49,11 @@ def main() -> None:
     for i, prompt in enumerate(prompts):
         outs = []
         for s, m in order[i % 4:] + order[: i % 4]:
-            native.screened_logits = settings[s]
+            native.screened = settings[s]
             r = spec.generate(prompt, max_new_tokens=a.max_new_tokens, speculate=m == "spec")
             arms[s, m].add(r)
             outs.append(r.token_ids)
-        native.screened_logits = real
+        native.screened = real
         if any(o != outs[0] for o in outs):
             raise SystemExit(f"question {i}: outputs differ between arms")
     for arm in arms.values():

@@ -26,6 +26,9 @@ class ForwardOutput:
     hidden: torch.Tensor
     # layer index -> [B, T, D] residual stream entering that layer (EAGLE-3 taps)
     taps: dict[int, torch.Tensor] = field(default_factory=dict)
+    # [B, T] long, logits.argmax(-1), where the forward found it on the way (the output screen); None: read it from
+    # the logits
+    greedy: torch.Tensor | None = None
 
 
 @dataclass

@@ -6,7 +6,9 @@ values, AVX512-VNNI), with a bound on how far each approximate logit can be from
 entry whose interval reaches the row's best lower bound is a candidate (a handful on SmolLM2), and only those are
 computed exactly, by the same block kernel on their gathered weight rows (its outputs do not depend on which rows
 share a call). Every other entry is ``-inf``, so ``argmax`` returns the index the full projection gives, first
-maximum and ties included; nothing else may be read from such logits.
+maximum and ties included; nothing else may be read from such logits. The block kernel's module does that last step
+in one call (``at_candidates``: the gather, the exact logits, the ``-inf`` rows and each row's argmax, ``Screened.
+greedy``, which verification reads instead of scanning the 49,152 logits again).
 
 Where it serves (``screened_logits``): exact mode's bf16 decode, verification and last-prompt-token forwards of a
 target whose output projection is Q8_0 blocks, when the caller asked for the argmax only (``ForwardMeta.
@@ -23,12 +25,13 @@ The integer pass streams ~35 MB of weights a forward; each line of the group ``E
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from eyas import kernels
-from eyas.models.gguf_blocks import GGUFBlocks, attached_blocks
+from eyas.models.gguf_blocks import GGUFBlocks, attached_blocks, block_kernel
 from eyas.models.machine_cache import best_alternating, cached_json, machine_key
 from eyas.notes import one_time_note
 
@@ -51,18 +54,26 @@ class ArgmaxScreen:
         self.max_rows = kernel.max_rows()
         self.prefetch = prefetch_from_env()
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor | None:
-        """x [R, K] bf16 -> [R, V] float32: the exact bf16 logit at every row's candidates, ``-inf`` elsewhere;
-        None where an approximation is not finite (the caller computes every logit).
+    def logits(self, x: torch.Tensor) -> Screened | None:
+        """x [R, K] bf16 -> the rows' screened logits ([R, V] float32: the exact bf16 logit at every row's
+        candidates, ``-inf`` elsewhere) and argmax ([R] long); None where an approximation is not finite (the caller
+        computes every logit).
         """
         parts = [_kernel().candidates(part, self.packed, self.vocab, self.prefetch) for part in x.split(self.max_rows)]
         if any(p.numel() == 0 for p in parts):
             return None
-        cand = parts[0] if len(parts) == 1 else torch.cat(parts).unique()
-        sub = GGUFBlocks(data=self.blocks.data.index_select(0, cand), qtype=self.blocks.qtype, k=self.blocks.k)
-        out = torch.full((x.shape[0], self.vocab), float("-inf"))
-        out[:, cand] = sub.linear(x, None).float()
-        return out
+        cand = parts[0] if len(parts) == 1 else torch.cat(parts).unique()  # ascending either way
+        logits, greedy = block_kernel().at_candidates(x.contiguous(), self.blocks.data, self.blocks.qtype, cand,
+                                                      self.vocab)
+        return Screened(logits, greedy)
+
+
+@dataclass
+class Screened:
+    """A greedy forward's output projection through the screen."""
+
+    logits: torch.Tensor  # [..., V] float32: exact at every row's candidates, -inf elsewhere (read only its argmax)
+    greedy: torch.Tensor  # [...] long: each row's argmax, first maximum (argmax over ``logits`` gives the same)
 
 
 def prefetch_from_env() -> int:
@@ -70,9 +81,10 @@ def prefetch_from_env() -> int:
     return kernels.prefetch_env("EYAS_LM_SCREEN_PREFETCH", 2, "weight groups the output screen prefetches ahead")
 
 
-def screened_logits(proj: nn.Module, rows: torch.Tensor) -> torch.Tensor | None:
-    """rows [B, T, K] -> [B, T, V] argmax-only logits through ``proj``'s screen, or None where it does not serve
-    (no Q8_0 blocks, not bf16, a bias, no kernel, a non-finite row): the caller then computes every logit.
+def screened(proj: nn.Module, rows: torch.Tensor) -> Screened | None:
+    """rows [B, T, K] -> argmax-only logits [B, T, V] and the argmax [B, T] through ``proj``'s screen, or None where
+    it does not serve (no Q8_0 blocks, not bf16, a bias, no kernel, a non-finite row): the caller then computes every
+    logit.
     """
     screen = proj.__dict__.get("_eyas_screen", False)
     if screen is False:  # built on first use: the packed copy costs memory only where greedy decoding runs
@@ -81,7 +93,13 @@ def screened_logits(proj: nn.Module, rows: torch.Tensor) -> torch.Tensor | None:
         return None
     b, t, k = rows.shape
     out = screen.logits(rows.reshape(b * t, k))
-    return None if out is None else out.view(b, t, -1)
+    return None if out is None else Screened(out.logits.view(b, t, -1), out.greedy.view(b, t))
+
+
+def screened_logits(proj: nn.Module, rows: torch.Tensor) -> torch.Tensor | None:
+    """``screened``'s logits alone: rows [B, T, K] -> [B, T, V], or None where the screen does not serve."""
+    out = screened(proj, rows)
+    return None if out is None else out.logits
 
 
 def screen_state(proj: nn.Module | None) -> str | None:

@@ -30,7 +30,7 @@ from eyas.models.layers import (  # noqa: F401  (re-exported: the heads build on
     rope_tables,
     vocab_logits,
 )
-from eyas.models.lm_screen import screened_logits
+from eyas.models.lm_screen import screened
 from eyas.models.packed import pack_linears_
 from eyas.models.quant import QUANTIZE_CHOICES, quantize_int8_
 
@@ -308,9 +308,10 @@ class NativeLlama(nn.Module, TargetModel):
         # greedy callers read only the argmax: where the block kernel computes the logits, a screen finds the few
         # that can be it and computes those alone, the same bits (eyas.models.lm_screen)
         screen = meta.argmax_only and type(floors) is DecodeFloors
-        logits = screened_logits(self.lm_head_proj, rows) if screen else None
-        if logits is None:
-            logits = linear(self.lm_head_proj, rows, floors) if floors is not None else self.lm_head(rows)
+        found = screened(self.lm_head_proj, rows) if screen else None
+        if found is not None:
+            return ForwardOutput(logits=found.logits, hidden=hidden, taps=tapped, greedy=found.greedy)
+        logits = linear(self.lm_head_proj, rows, floors) if floors is not None else self.lm_head(rows)
         return ForwardOutput(logits=logits.float(), hidden=hidden, taps=tapped)
 
     def _attn_meta(self, tokens: torch.Tensor, cache: KVCache, meta: ForwardMeta) -> AttnMeta:

@@ -73,9 +73,11 @@ def test_argmax_and_candidate_bits_equal_the_full_projections(r):
     proj = projection(random_blocks("Q8_0", 3000, K, seed=r))
     x = rows(r, seed=100 + r)
     full = full_logits(proj, x)
-    got = lm_screen.screened_logits(proj, x[None])[0]
-    assert got.shape == full.shape
+    found = lm_screen.screened(proj, x[None])
+    got = found.logits[0]
+    assert got.shape == full.shape and found.greedy.shape == (1, r)
     assert torch.equal(kernels.argmax(got), kernels.argmax(full))
+    assert torch.equal(found.greedy[0], kernels.argmax(full))  # the argmax the screen found on the way
     kept = torch.isfinite(got)
     assert torch.equal(got[kept], full[kept])  # a candidate's logit is the block kernel's, bit for bit
     assert int(kept.sum(-1).max()) < 3000 // 4  # and most entries were screened out
@@ -136,7 +138,31 @@ def test_ties_resolve_to_the_first_index():
     full, got = full_logits(proj, x), lm_screen.screened_logits(proj, x[None])[0]
     assert float(full[0, 17]) == float(full[0, 412]) and int(kernels.argmax(full)[0]) == 17
     assert torch.equal(kernels.argmax(got), kernels.argmax(full))
+    assert torch.equal(lm_screen.screened(proj, x[None]).greedy[0], kernels.argmax(full))
     assert bool(torch.isfinite(got[0, [17, 412, 413]]).all())  # every near-maximum was computed exactly
+
+
+def test_the_last_step_gives_each_rows_argmax_in_one_call():
+    """``at_candidates``: the candidates' exact logits in rows of -inf, and each row's argmax as argmax over such a row
+    returns it (first maximum, the first NaN before any number) for ordinary, tied, NaN and infinite rows; candidate
+    lists that do not ascend within the vocabulary are refused."""
+    proj = projection(random_blocks("Q8_0", 300, K, seed=12))
+    blocks = proj.__dict__["_eyas_blocks"]
+    x = rows(5, seed=13)
+    x[1] = 0  # every candidate ties at 0
+    x[2, 9] = float("nan")
+    x[3, 4] = float("inf")
+    full = full_logits(proj, x)
+    for cand in (torch.tensor([0, 7, 120, 299]), torch.arange(300), torch.tensor([5]), torch.tensor([3, 4])):
+        logits, greedy = BF16.at_candidates(x, blocks.data, 8, cand, 300)
+        want = torch.full((5, 300), float("-inf"))
+        want[:, cand] = full[:, cand]
+        assert torch.equal(logits.view(torch.int32), want.view(torch.int32))  # the bits, NaN included
+        assert torch.equal(greedy, want.argmax(-1)) and torch.equal(greedy, kernels.argmax(want))
+    assert int(BF16.at_candidates(x, blocks.data, 8, torch.tensor([3, 4]), 300)[1][1]) == 3  # a tie: the first
+    for bad in ([7, 3], [4, 4], [300], [-1]):
+        with pytest.raises(RuntimeError, match="ascend within"):
+            BF16.at_candidates(x, blocks.data, 8, torch.tensor(bad), 300)
 
 
 @pytest.mark.parametrize("scale", [1e-36, 1e-38, 0.0])  # 127 / max |x| overflows float32; subnormal products; zeros
@@ -181,21 +207,43 @@ def test_greedy_decoding_of_the_embedded_default_gives_the_unscreened_tokens(emb
     monkeypatch.delitem(loaded.model.lm_head_proj.__dict__, "_eyas_screen", raising=False)  # built here, env on
     prompt = "Name three rivers in Europe and say where each one ends."
     screened: list[int] = []
-    real = native.screened_logits
+    real = native.screened
 
     def spy(proj, x):
         out = real(proj, x)
-        screened.append(out is not None and bool(torch.isinf(out).any()))
+        screened.append(out is not None and bool(torch.isinf(out.logits).any()))
         return out
 
-    monkeypatch.setattr(native, "screened_logits", spy)
+    monkeypatch.setattr(native, "screened", spy)
     plain = spec.generate(prompt, speculate=False, max_new_tokens=48)
     fast = spec.generate(prompt, max_new_tokens=48)
     assert screened and all(screened), "greedy forwards did not take the screen"
-    monkeypatch.setattr(native, "screened_logits", lambda proj, x: None)  # every logit computed
+    monkeypatch.setattr(native, "screened", lambda proj, x: None)  # every logit computed
     full = spec.generate(prompt, speculate=False, max_new_tokens=48)
     assert plain.token_ids == full.token_ids == fast.token_ids
     assert fast.steps < len(fast.token_ids) - 1  # drafts were accepted: trees went through the screen
+
+
+def test_verification_reads_the_argmax_the_screen_found(embedded_bf16, monkeypatch):
+    """Greedy verification of screened forwards takes each row's argmax from the screen (``ForwardOutput.greedy``)
+    instead of scanning the logits again; with the screen off it scans them."""
+    from eyas import decode
+    from eyas.api import Speculator
+    from eyas.drafters.loading import DrafterSpec
+    from eyas.models import native
+
+    loaded, _ = embedded_bf16
+    spec = Speculator(loaded, DrafterSpec("default", tree="dynamic:4,3,10"))
+    monkeypatch.delitem(loaded.model.lm_head_proj.__dict__, "_eyas_screen", raising=False)  # built here, env on
+    scans: list[int] = []
+    real = decode.kernels.argmax
+    monkeypatch.setattr(decode.kernels, "argmax", lambda logits: scans.append(1) or real(logits))
+    prompt = "Name three rivers in Europe and say where each one ends."
+    fast = spec.generate(prompt, max_new_tokens=24)
+    assert fast.steps > 0 and not scans
+    monkeypatch.setattr(native, "screened", lambda proj, x: None)  # every logit computed, then scanned
+    assert spec.generate(prompt, max_new_tokens=24).token_ids == fast.token_ids
+    assert len(scans) == fast.steps
 
 
 def test_sampling_reads_full_logits(embedded_bf16, monkeypatch):
@@ -206,7 +254,7 @@ def test_sampling_reads_full_logits(embedded_bf16, monkeypatch):
     loaded, _ = embedded_bf16
     spec = Speculator(loaded, DrafterSpec("none"))
     calls: list[int] = []
-    monkeypatch.setattr(native, "screened_logits", lambda proj, x: calls.append(1))
+    monkeypatch.setattr(native, "screened", lambda proj, x: calls.append(1))
     spec.generate("Hello", speculate=False, max_new_tokens=4, temperature=0.7, seed=1)
     assert not calls
     spec.generate("Hello", speculate=False, max_new_tokens=4)
