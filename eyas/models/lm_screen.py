@@ -10,7 +10,7 @@ maximum and ties included; nothing else may be read from such logits. The block 
 in one call (``at_candidates``: the gather, the exact logits, the ``-inf`` rows and each row's argmax, ``Screened.
 greedy``, which verification reads instead of scanning the 49,152 logits again).
 
-Where it serves (``screened_logits``): exact mode's bf16 decode, verification and last-prompt-token forwards of a
+Where it serves (``screened``): exact mode's bf16 decode, verification and last-prompt-token forwards of a
 target whose output projection is Q8_0 blocks, when the caller asked for the argmax only (``ForwardMeta.
 argmax_only``: greedy, no typical acceptance). On the Intel Xeon VM the projection costs 0.8 against 1.65 ms at
 one row and 1.1 against 2.8 ms at four (docs/benchmarks.md). Whether it pays is timed once per machine and output
