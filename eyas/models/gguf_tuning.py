@@ -29,6 +29,12 @@ and the kernels' sources. ``pair_as_triple`` is decided on the 2-row time alone 
 9 nodes runs a 2-row block): summed over every width, the noise at the others outweighed it, and a Zen 4 VM kept 2
 rows as a triple at 8.7 ms where a pair cost 8.3 (``scripts/projection_cost.py``).
 ``fma_rows`` is judged on every width, against the better pair setting of the same prefetch.
+The prefetch is turned off only where that is ``PREFETCH_MARGIN`` (5 %) faster summed over the widths: on the Zen 4 VM
+13 of 14 timings (2026-12-01/02, one per kernel build) put the prefetch at 0.76-0.92x the time without it and the 14th,
+on a slow spell, at 1.037x, so it went off; decoding steps then cost 1.05-1.27x at 2-6 verify nodes (one process, the
+two settings alternating: 8.18 / 9.31 / 12.15 / 14.46 ms at 2 / 3 / 4 / 6 nodes against 7.77 / 8.80 / 9.56 / 13.31), the
+tree was sized on those costs and the README's command fell to 0.93-1.00x, for as long as the cached choice stood. No
+timing on these CPUs has put the prefetch more than 4 % behind (that spell's); its absence cost up to a quarter.
 ``EYAS_GGUF_TUNING=PREFETCH,PAIR[,FMA[,PREFETCH_ONE[,FUSED]]]`` (e.g. ``0,0`` or ``1,0,1,1,1``) sets it by hand and
 skips the timing.
 """
@@ -48,7 +54,8 @@ from eyas.models.machine_cache import best_alternating, cached_json, machine_key
 from eyas.notes import one_time_note
 
 ROWS = (2, 3, 4, 6)  # rows timed: the verify widths adaptive trees use most, and a wider one
-PICK_VERSION = 6  # in the cache key: choices made by an earlier rule (5: no fused_rows) are timed again
+PICK_VERSION = 7  # in the cache key: choices made by an earlier rule (6: no prefetch margin) are timed again
+PREFETCH_MARGIN = 0.05  # how much faster (summed) a setting without the prefetch must be to be chosen
 FUSED_TIMED = (1, 2, 3, 4)  # rows fused_rows serves
 _SET_TUNING_DEFAULTS = (False, False, True)  # gguf_bf16.set_tuning's fma_rows, prefetch_one, fused_rows
 
@@ -90,7 +97,8 @@ def pick(seconds: dict[KernelTuning, dict[int, float]]) -> KernelTuning:
     """The fastest setting from seconds by setting and rows. ``pair_as_triple`` only changes how a 2-row block
     runs, so it is judged on 2 rows alone: every other width counts at its best over the two pair settings of the
     same code (the same prefetch and ``fma_rows``, timed twice). A tie keeps the earlier setting in ``seconds``'
-    order (``settings_for``: the Zen 5 defaults first).
+    order (``settings_for``: the Zen 5 defaults first). A setting without the prefetch must beat the best with it by
+    ``PREFETCH_MARGIN``: one slow spell over the timing must not turn off what saves most where memory is contended.
     """
     order = list(seconds)
 
@@ -98,7 +106,14 @@ def pick(seconds: dict[KernelTuning, dict[int, float]]) -> KernelTuning:
         same = [t for t in order if (t.prefetch, t.fma_rows) == (s.prefetch, s.fma_rows)]
         return sum(seconds[s][r] if r == 2 else min(seconds[t][r] for t in same) for r in seconds[s])
 
-    return min(order, key=lambda s: (cost(s), order.index(s)))
+    def best(settings: list[KernelTuning]) -> KernelTuning:
+        return min(settings, key=lambda s: (cost(s), order.index(s)))
+
+    fastest, fetching = best(order), [s for s in order if s.prefetch]
+    if fastest.prefetch or not fetching:
+        return fastest
+    kept = best(fetching)
+    return fastest if cost(fastest) < (1 - PREFETCH_MARGIN) * cost(kept) else kept
 
 
 def pick_one_row(seconds: dict[KernelTuning, dict[int, float]]) -> KernelTuning:

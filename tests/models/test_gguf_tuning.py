@@ -147,6 +147,31 @@ def test_pair_as_triple_is_judged_on_two_rows_alone():
     assert pick(times).prefetch is False
 
 
+def test_the_prefetch_goes_off_only_for_a_clear_win():
+    """A Zen 4 first load on a slow spell (its cached table, ms for SmolLM2's 121 projections) timed the prefetch
+    3.7 % behind and turned it off, which cost decoding steps up to a quarter at 2-6 nodes: within the margin it stays.
+    """
+    ms = {KernelTuning(True, True): {2: 7.795, 3: 8.086, 4: 9.023, 6: 14.762},
+          KernelTuning(True, False): {2: 7.208, 3: 8.656, 4: 9.045, 6: 15.185},
+          KernelTuning(False, True): {2: 9.516, 3: 9.155, 4: 9.901, 6: 13.656},
+          KernelTuning(False, False): {2: 7.358, 3: 8.545, 4: 8.920, 6: 12.845}}
+    assert pick(ms) == KernelTuning(prefetch=True, pair_as_triple=False)
+    # the same off-setting a clear 10 % faster at every width: off it goes
+    ms[KernelTuning(False, False)] = {r: 0.9 * min(ms[KernelTuning(True, t)][r] for t in (True, False)) for r in ms[
+        KernelTuning(False, False)]}
+    assert pick(ms) == KernelTuning(prefetch=False, pair_as_triple=False)
+    # at the margin's edge: off must be more than PREFETCH_MARGIN faster summed
+    times = {s: {2: 1.0, 3: 1.0} for s in SETTINGS}
+    edge = 1 - gguf_tuning.PREFETCH_MARGIN
+    times[KernelTuning(False, False)] = {2: edge, 3: edge}
+    assert pick(times).prefetch is True
+    times[KernelTuning(False, False)] = {2: edge - 0.01, 3: edge - 0.01}
+    assert pick(times) == KernelTuning(prefetch=False, pair_as_triple=False)
+    # where nothing prefetches (a caller's own list), the fastest stands
+    off = {s: t for s, t in times.items() if not s.prefetch}
+    assert pick(off) == KernelTuning(prefetch=False, pair_as_triple=False)
+
+
 def test_tuning_from_the_environment_is_parsed_or_refused_with_the_fix():
     assert KernelTuning.parse("0,1") == KernelTuning(prefetch=False, pair_as_triple=True)
     assert KernelTuning.parse("1, 0, 1") == KernelTuning(prefetch=True, pair_as_triple=False, fma_rows=True)
