@@ -220,6 +220,14 @@ def active() -> KernelTuning:
     return _active
 
 
+def in_use(model: nn.Module) -> KernelTuning | None:
+    """``active()`` where ``model``'s projections run on the bf16 block kernel (what a benchmark records beside its
+    figures: a choice cached from a noisy first load shows there), else None.
+    """
+    blocks = [b for m in model.modules() if isinstance(b := attached_blocks(m), GGUFBlocks)]
+    return _active if blocks and getattr(model, "dtype", None) == torch.bfloat16 and block_kernel() else None
+
+
 def prefill_on_blocks() -> bool:
     """Whether bf16 exact mode's prefill reads the GGUF blocks too (eyas.models.exact.linear) instead of oneDNN's
     GEMM padded to its row floors: where the kernel runs several rows in FMAs (``fma_rows``). On the Intel Xeon 6/207

@@ -278,3 +278,18 @@ def test_bf16_exact_prefill_reads_the_blocks_only_under_fma_rows():
         gguf_tuning.apply(KERNEL, KernelTuning())
         assert not gguf_tuning.prefill_on_blocks()
         assert torch.equal(exact.linear(lin, x, lambda m: 1), lin.dense(x))
+
+
+@needs_bf16
+def test_in_use_names_the_choice_only_where_a_bf16_model_reads_blocks(monkeypatch):
+    """What `eyas bench speed` records as settings.kernel_tuning."""
+    chosen = KernelTuning(prefetch=False, pair_as_triple=False, prefetch_one=True)
+    monkeypatch.setattr(gguf_tuning, "_active", chosen)
+    model = nn.Sequential(layer("Q8_0", 64, 576))
+    model.dtype = torch.bfloat16
+    assert gguf_tuning.in_use(model) == chosen
+    model.dtype = torch.float32  # a float32 target's blocks run on the float32 kernel, which has no such options
+    assert gguf_tuning.in_use(model) is None
+    dense = nn.Sequential(nn.Linear(8, 8).to(torch.bfloat16))
+    dense.dtype = torch.bfloat16
+    assert gguf_tuning.in_use(dense) is None
