@@ -70,6 +70,9 @@ def main() -> None:
     ap.add_argument("--base-step", default=None, metavar="REV",
                     help="the first head's native call built from REV's kernels (compare a head_step.cpp change)")
     a = ap.parse_args()
+    if any(kv.split("=", 1)[0] == "EYAS_GGUF_TUNING" for kv in a.later_env):
+        # the block kernel's options are process-wide and a later load keeps the first's: both arms would run one
+        ap.error("EYAS_GGUF_TUNING cannot differ between arms of one process; use scripts/tuning_ab.py")
     import os
 
     import eyas
