@@ -70,9 +70,11 @@ def main() -> None:
     ap.add_argument("--base-step", default=None, metavar="REV",
                     help="the first head's native call built from REV's kernels (compare a head_step.cpp change)")
     a = ap.parse_args()
-    if any(kv.split("=", 1)[0] == "EYAS_GGUF_TUNING" for kv in a.later_env):
-        # the block kernel's options are process-wide and a later load keeps the first's: both arms would run one
-        ap.error("EYAS_GGUF_TUNING cannot differ between arms of one process; use scripts/tuning_ab.py")
+    # settings a process takes once (a later load keeps the first's, so both arms would run one): the block kernel's
+    # options, and the output screen's switch (its kernel is looked up once; checked: the second load still screened)
+    for name in {kv.split("=", 1)[0] for kv in a.later_env} & {"EYAS_GGUF_TUNING", "EYAS_LM_SCREEN"}:
+        fix = "scripts/tuning_ab.py" if name == "EYAS_GGUF_TUNING" else "two processes, alternating"
+        ap.error(f"{name} cannot differ between arms of one process (it is read once); use {fix}")
     import os
 
     import eyas
