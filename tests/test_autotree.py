@@ -223,6 +223,7 @@ def test_generate_json_shows_the_choice(default_target, fake_costs, capsys):
     d = json.loads(capsys.readouterr().out)
     assert d["tree_choice"]["tree"].startswith("adaptive:") and d["tree_choice"]["predicted_tau"] > 1
     assert d["tree_choice"]["fixed_tree"].startswith("dynamic:")
+    assert "kernel_tuning" not in d  # a float32 target: the bf16 block kernel's options do not apply
 
 
 @pytest.mark.slow
