@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import asdict
 
 from eyas.verify import LOSSY_NOTE
 
@@ -119,10 +118,10 @@ def cmd_generate(a: argparse.Namespace) -> int:
         d = out.to_dict()
         if spec.tree_choice is not None:  # the tree eyas.autotree sized to this machine, and its prediction
             d["tree_choice"] = spec.tree_choice.to_dict()
-        from eyas.models.gguf_tuning import in_use
+        from eyas.bench.speed import kernel_tuning
 
-        if (tuning := in_use(spec.target.model)) is not None:  # the block kernel's options timed for this machine
-            d["kernel_tuning"] = asdict(tuning)
+        if (tuning := kernel_tuning(spec.target.model)) is not None:  # the block kernel's options for this machine
+            d["kernel_tuning"] = tuning
         if a.compare_plain:
             d["plain"] = _compare(spec, a, params, out.tokens_per_second, out.token_ids).to_dict()
         print(json.dumps(d))

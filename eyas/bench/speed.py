@@ -364,7 +364,8 @@ def output_projection(model) -> str | None:
     return screen_state(getattr(model, "lm_head_proj", None))
 
 
-def _tuning(model) -> dict | None:
+def kernel_tuning(model) -> dict | None:
+    """The bf16 block kernel's per-CPU options the target runs with (gguf_tuning.in_use) as a dict, or None."""
     from eyas.models.gguf_tuning import in_use
 
     t = in_use(model)
@@ -384,7 +385,8 @@ def cmd_speed(a) -> int:
                     exact=spec.exact, date=time.strftime("%Y-%m-%d"), tree_used=spec.drafter_spec.tree,
                     tree_choice=spec.tree_choice.to_dict() if spec.tree_choice is not None else None,
                     head_projections=head_projections(spec.drafter),
-                    target_projections=target_projections(spec.target.model), kernel_tuning=_tuning(spec.target.model))
+                    target_projections=target_projections(spec.target.model),
+                    kernel_tuning=kernel_tuning(spec.target.model))
     report = run_speed(spec, questions, params, a.compare_hf, a.warmup, settings, a.compare_llamacpp,
                        a.turns, a.prefix_cache_mb)
     # decided at the first greedy forward (timed once per machine): "screened", "full", or None where never asked

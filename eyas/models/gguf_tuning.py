@@ -168,7 +168,7 @@ def tune_block_kernel(model: nn.Module, cache_dir: Path | None = None, kernel=No
     block projections.
     """
     kernel = kernel if kernel is not None else block_kernel()
-    blocks = [b for m in model.modules() if isinstance(b := attached_blocks(m), GGUFBlocks)]
+    blocks = _blocks(model)
     if kernel is None or not blocks:
         return None
     if os.environ.get("EYAS_GGUF_TUNING"):
@@ -224,8 +224,12 @@ def in_use(model: nn.Module) -> KernelTuning | None:
     """``active()`` where ``model``'s projections run on the bf16 block kernel (what a benchmark records beside its
     figures: a choice cached from a noisy first load shows there), else None.
     """
-    blocks = [b for m in model.modules() if isinstance(b := attached_blocks(m), GGUFBlocks)]
-    return _active if blocks and getattr(model, "dtype", None) == torch.bfloat16 and block_kernel() else None
+    return _active if _blocks(model) and getattr(model, "dtype", None) == torch.bfloat16 and block_kernel() else None
+
+
+def _blocks(model: nn.Module) -> list[GGUFBlocks]:
+    """The GGUF blocks attached to ``model``'s projections (eyas.models.gguf_blocks), in module order."""
+    return [b for m in model.modules() if isinstance(b := attached_blocks(m), GGUFBlocks)]
 
 
 def prefill_on_blocks() -> bool:
